@@ -1,0 +1,37 @@
+"""deferfuse: PyTorch eager on JAX/XLA with Strict, Debug and DeferAndFuse modes.
+
+`import deferfuse` makes "tpu" a PyTorch device backed by JAX's default device (TPU, else GPU,
+else CPU). Use `with deferfuse.mode():` (DeferAndFuse), `deferfuse.mode("strict")` or
+`deferfuse.mode("debug")`, or set TORCH_TPU_DEFER_AND_FUSE / TORCH_TPU_LAUNCH_BLOCKING.
+"""
+from __future__ import annotations
+
+from . import dtypes  # noqa: F401  (switches JAX to x64 before anything else touches JAX)
+from . import device as _device
+
+_device.register()
+
+from . import cache as _cache  # noqa: E402
+from .api import metrics, reset_metrics, sync  # noqa: E402
+from .config import CONFIG  # noqa: E402
+from .engine import FlushError  # noqa: E402
+from .executors.base import EagerMode  # noqa: E402
+from .mode import DeferfuseMode, get_default_mode, mode, set_default_mode  # noqa: E402
+from .tensor import TpuTensor  # noqa: E402
+
+_cache.configure_persistent_cache()
+
+__all__ = [
+    "mode",
+    "EagerMode",
+    "DeferfuseMode",
+    "set_default_mode",
+    "get_default_mode",
+    "sync",
+    "metrics",
+    "reset_metrics",
+    "FlushError",
+    "TpuTensor",
+    "CONFIG",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,27 @@
+"""The public functions: sync, metrics, reset_metrics."""
+from __future__ import annotations
+
+from typing import Any
+
+from . import cache, engine, events, sources
+
+
+def sync(cause: str = "sync", depth: int = 2) -> None:
+    """Run everything pending now and wait for it (`deferfuse.sync()`, `torch.tpu.synchronize()`)."""
+    where = sources.user_frame(depth)
+    done = engine.flush(cause, where)
+    engine.block(done)
+
+
+def metrics() -> dict[str, Any]:
+    """Counters since start (or the last `reset_metrics()`): ops recorded, flushes by cause, cache hits
+    and misses (= programs compiled), compile seconds, execute calls, CPU fallbacks by op name, and
+    how many intermediates were never materialised."""
+    out = events.METRICS.as_dict()
+    out["pending_nodes"] = engine.pending_count()
+    out["cache_entries"] = cache.size()
+    return out
+
+
+def reset_metrics() -> None:
+    events.reset()

@@ -1,0 +1,245 @@
+"""One compile cache for all three modes.
+
+The key of a flush is its structure: per node the op's interned id (op + argument signature)
+and its operand refs, the refs that must come out, and the (shape, dtype) of each input by
+position. It is built incrementally while recording, so a hit costs a dict lookup and one
+comparison. Only on a miss does the fuser partition the graph (networkx) and XLA compile; the
+resulting plan is cached under the key. A Strict op and a one-op DeferAndFuse group with the same
+signature are the same entry.
+
+Tier 3 (persistent, across processes) is JAX's own compilation cache, enabled by
+DEFERFUSE_CACHE_DIR.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jax
+
+from . import events, fuser, program, sources
+from .config import CONFIG
+from .events import METRICS
+from .graph import OUT_BITS, Graph
+
+
+class Key:
+    __slots__ = ("sig", "outs", "avals", "_h")
+
+    def __init__(self, g: Graph, outs: tuple):
+        self.sig = g.sig
+        self.outs = outs
+        self.avals = tuple(g.input_avals)
+        self._h = hash((g.hash, outs, self.avals))
+
+    def __hash__(self):
+        return self._h
+
+    def __eq__(self, other):
+        return self._h == other._h and self.outs == other.outs and self.avals == other.avals and self.sig == other.sig
+
+
+class Step:
+    __slots__ = ("group", "fn", "scalar_ids", "ops")
+
+    def __init__(self, group, fn, scalar_ids, ops):
+        self.group = group
+        self.fn = fn
+        self.scalar_ids = scalar_ids
+        self.ops = ops
+
+
+class Plan:
+    """A cached, compiled flush: its programs and host steps in order."""
+
+    def __init__(self, key_hash: int):
+        self.key_hash = key_hash
+        self.steps: list[Step] = []
+        self.single = None  # the jitted program when the flush is one group over all inputs
+        self.n_internal = 0
+        self.bytes_internal = 0
+        self.bytes_out = 0
+        self.n_ops = 0
+        self.op_names: list[str] = []
+        self.compile_seconds = 0.0
+        self.hits = 0
+        self.where = None
+
+    def run(self, g: Graph, out_refs: tuple) -> list:
+        if self.single is not None:
+            METRICS.execute_calls += 1
+            return self.single(g.inputs, g.scalars)
+        env: dict[int, Any] = {-(i + 1): a for i, a in enumerate(g.inputs)}
+        for step in self.steps:
+            grp = step.group
+            ins = [env[r] for r in grp.in_refs]
+            if grp.host:
+                node = g.nodes[grp.nodes[0]]
+                outs = program.run_host(node, ins, g.scalars)
+                base = grp.nodes[0] << OUT_BITS
+                for k, o in enumerate(outs):
+                    env[base | k] = o
+            else:
+                METRICS.execute_calls += 1
+                scs = [g.scalars[i] for i in step.scalar_ids]
+                for r, o in zip(grp.out_refs, step.fn(ins, scs)):
+                    env[r] = o
+        return [env[r] for r in out_refs]
+
+
+_PLANS: dict[Key, Plan] = {}
+# Most recent plan per flush site, to explain a recompile by what changed in the key.
+_LAST_AT_SITE: dict[Any, Key] = {}
+
+
+def configure_persistent_cache() -> None:
+    if CONFIG.cache_dir:
+        jax.config.update("jax_compilation_cache_dir", CONFIG.cache_dir)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def clear() -> None:
+    _PLANS.clear()
+    _LAST_AT_SITE.clear()
+
+
+def size() -> int:
+    return len(_PLANS)
+
+
+def execute(g: Graph, out_refs: tuple, cause: str, where) -> tuple[list, Plan, bool]:
+    key = Key(g, out_refs)
+    plan = _PLANS.get(key)
+    hit = plan is not None
+    if hit:
+        METRICS.cache_hits += 1
+        plan.hits += 1
+    else:
+        METRICS.cache_misses += 1
+        plan = _build(g, out_refs, key)
+        _PLANS[key] = plan
+    why = None
+    if not hit:
+        site = where if where is not None else cause
+        prev = _LAST_AT_SITE.get(site)
+        if prev is not None and (events.collecting() or CONFIG.log):
+            why = explain_miss(prev, key, g)
+        _LAST_AT_SITE[site] = key
+    t0 = time.perf_counter()
+    results = plan.run(g, out_refs)
+    if not hit:
+        dt = time.perf_counter() - t0
+        METRICS.compile_seconds += dt
+        plan.compile_seconds += dt
+        if events.collecting() or CONFIG.log:
+            events.emit("compile", where=where, cause=cause, seconds=dt, ops=plan.n_ops, key=key._h,
+                        groups=len(plan.steps), op_names=plan.op_names[:200], why=why, recompile=prev is not None)
+    return results, plan, hit
+
+
+def _build(g: Graph, out_refs: tuple, key: Key) -> Plan:
+    plan = Plan(key._h)
+    nodes = g.nodes
+    hosts = [n.op.host for n in nodes]
+    groups = fuser.partition(g.sig, hosts, out_refs, CONFIG.max_group_ops, CONFIG.fusion_fuel)
+    live = set()
+    for grp in groups:
+        live.update(grp.nodes)
+    plan.n_ops = len(live)
+    plan.op_names = [nodes[i].op.name for i in sorted(live)]
+    plan.where = next((n.where for n in nodes if n.where is not None), None)
+    outs = set(out_refs)
+    for i, node in enumerate(nodes):
+        for k, (shape, dt) in enumerate(node.op.out_avals):
+            nbytes = _nbytes(shape, dt)
+            if ((i << OUT_BITS) | k) in outs:
+                plan.bytes_out += nbytes
+            else:
+                plan.n_internal += 1
+                plan.bytes_internal += nbytes
+    n_inputs = len(g.inputs)
+    if len(groups) == 1 and not groups[0].host:
+        grp = groups[0]
+        fn = program.build(nodes, grp.nodes, [-(i + 1) for i in range(n_inputs)], list(out_refs))
+        plan.single = jax.jit(fn)
+        plan.steps.append(Step(grp, plan.single, None, [nodes[i].op.name for i in grp.nodes]))
+        return plan
+    for grp in groups:
+        if grp.host:
+            plan.steps.append(Step(grp, None, None, [nodes[grp.nodes[0]].op.name]))
+            continue
+        scalar_ids = []
+        for i in grp.nodes:
+            n = nodes[i]
+            scalar_ids.extend(range(n.scalar_lo, n.scalar_lo + n.op.n_scalars))
+        fn = program.build(nodes, grp.nodes, grp.in_refs, grp.out_refs, scalar_ids)
+        plan.steps.append(Step(grp, jax.jit(fn), scalar_ids, [nodes[i].op.name for i in grp.nodes]))
+    return plan
+
+
+def _nbytes(shape, dt) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n * dt.itemsize
+
+
+_SINGLE: dict = {}
+
+
+def run_single(op, ins, scs) -> list:
+    """Run one op on concrete values as its own program (error isolation, eager helpers)."""
+    avals = tuple((tuple(a.shape), a.dtype) for a in ins)
+    k = (op.id, avals)
+    fn = _SINGLE.get(k)
+    if fn is None:
+        fn = _SINGLE[k] = jax.jit(lambda i, s: op.fn(i, s))
+    return fn(list(ins), list(scs))
+
+
+def explain_miss(prev: Key | None, key: Key, g: Graph) -> dict | None:
+    """What changed against the previous key compiled at the same site."""
+    if prev is None:
+        return None
+    from .graph import Op
+
+    if prev.avals != key.avals:
+        for i, (a, b) in enumerate(zip(prev.avals, key.avals)):
+            if a != b:
+                return {"what": "input", "input": i, "before": _aval_str(a), "now": _aval_str(b)}
+        return {"what": "inputs", "before": len(prev.avals), "now": len(key.avals)}
+    ops = {op.id: op for op in Op._interned.values()}
+    for i, (a, b) in enumerate(zip(prev.sig, key.sig)):
+        if a != b:
+            oa, ob = ops.get(a[0]), ops.get(b[0])
+            where = g.nodes[i].where if i < len(g.nodes) else None
+            if oa is not None and ob is not None and oa.name == ob.name:
+                return {"what": "op_args", "op": ob.name, "node": i, "where": sources.fmt(where),
+                        "before": _key_str(oa.key), "now": _key_str(ob.key)}
+            return {"what": "structure", "node": i, "where": sources.fmt(where),
+                    "before": oa.name if oa else "?", "now": ob.name if ob else "?"}
+    if len(prev.sig) != len(key.sig):
+        return {"what": "length", "before": len(prev.sig), "now": len(key.sig)}
+    if prev.outs != key.outs:
+        return {"what": "outputs", "before": len(prev.outs), "now": len(key.outs)}
+    return {"what": "unknown"}
+
+
+def _aval_str(a) -> str:
+    shape, dt = a
+    return f"{dt}{list(shape)}"
+
+
+def _key_str(k) -> str:
+    from .tensor import LAYOUTS
+
+    if isinstance(k, tuple) and k and hasattr(k[0], "_schema"):
+        parts = []
+        for p in k[2:]:
+            if isinstance(p, int) and not isinstance(p, bool) and 0 <= p < len(LAYOUTS):
+                parts.append(repr(p))
+            else:
+                parts.append(repr(p))
+        return ", ".join(parts)
+    return repr(k)

@@ -1,0 +1,75 @@
+"""Every environment variable deferfuse reads is read here and nowhere else.
+
+Keeping them in one place makes the engine's behaviour auditable: a user who wonders why a run
+behaves differently can read this file and `deferfuse.config.CONFIG` and see every knob.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+def _flag(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"{name}={raw!r}: expected one of true/1/false/0")
+
+
+def _int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected an integer") from None
+
+
+def _set(name: str) -> frozenset[str]:
+    raw = os.environ.get(name, "")
+    return frozenset(p.strip().lower() for p in raw.split(",") if p.strip())
+
+
+@dataclass
+class Config:
+    # TorchTPU-compatible mode switches; LAUNCH_BLOCKING wins over DEFER_AND_FUSE.
+    launch_blocking: bool = field(default_factory=lambda: _flag("TORCH_TPU_LAUNCH_BLOCKING", False))
+    defer_and_fuse: bool = field(default_factory=lambda: _flag("TORCH_TPU_DEFER_AND_FUSE", False))
+    # Raise NotImplementedError instead of running an op without a lowering on CPU.
+    no_cpu_fallback: bool = field(default_factory=lambda: _flag("DEFERFUSE_NO_CPU_FALLBACK", False))
+    # Safety valve on the pending graph. The repeated-op heuristic normally cuts loops long
+    # before this; the cap only bounds straight-line code without repetition. 4096 nodes keeps
+    # a worst-case XLA compile on a 2-core CPU near a few seconds (about 1 ms per node measured
+    # for our lowerings) while being well above one GPT training step between repetitions.
+    max_pending: int = field(default_factory=lambda: _int("DEFERFUSE_MAX_PENDING", 4096))
+    # Repeated-op heuristic: look back this many recorded ops for a period, and cut only once
+    # at least `period_min_ops` ops are pending, so short chains still fuse into one program.
+    period_lookback: int = field(default_factory=lambda: _int("DEFERFUSE_PERIOD_LOOKBACK", 2048))
+    period_min_ops: int = field(default_factory=lambda: _int("DEFERFUSE_PERIOD_MIN_OPS", 64))
+    # Ops per fused program before the fuser splits a group (compile time grows superlinearly).
+    max_group_ops: int = field(default_factory=lambda: _int("DEFERFUSE_MAX_GROUP_OPS", 4096))
+    # Debug mode checks floating outputs for NaN/Inf; this turns that off.
+    debug_nan_check: bool = field(default_factory=lambda: _flag("DEFERFUSE_DEBUG_NAN_CHECK", True))
+    # Record the user's file:line for every recorded op (used by errors and the report).
+    source_lines: bool = field(default_factory=lambda: _flag("DEFERFUSE_SOURCE_LINES", True))
+    # Live event log, like TORCH_LOGS: any of flush, compile, fallback, all.
+    log: frozenset[str] = field(default_factory=lambda: _set("DEFERFUSE_LOG"))
+    # JAX persistent compilation cache directory (tier 3); unset means in-process cache only.
+    cache_dir: str | None = field(default_factory=lambda: os.environ.get("DEFERFUSE_CACHE_DIR") or None)
+    # Optimisation fuel: at most this many ops may be fused into programs with others; the rest
+    # run one op per program. Bisecting on it isolates a fusion that changes a result.
+    fusion_fuel: int | None = field(
+        default_factory=lambda: _int("DEFERFUSE_FUSION_FUEL", -1) if "DEFERFUSE_FUSION_FUEL" in os.environ else None
+    )
+
+
+CONFIG = Config()

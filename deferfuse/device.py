@@ -1,0 +1,112 @@
+"""Make "tpu" a real PyTorch device through the Python PrivateUse1 backend.
+
+After import, `torch.device("tpu")`, `.to("tpu")`, `model.to("tpu")` and factory calls with
+`device="tpu"` all work. Tensors themselves are `TpuTensor` wrapper subclasses whose ATen calls
+reach `__torch_dispatch__`; factories (no tensor argument yet) reach the PrivateUse1 dispatch key,
+where one boxed fallback hands them to the same dispatcher.
+"""
+from __future__ import annotations
+
+import types
+
+import jax
+import torch
+from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+NAME = "tpu"
+
+
+def jax_device() -> jax.Device:
+    """JAX's default device: a TPU where there is one, else GPU, else CPU."""
+    return jax.devices()[0]
+
+
+def _make_module() -> types.ModuleType:
+    from . import rng
+
+    mod = types.ModuleType("torch.tpu", "deferfuse's torch.tpu: the 'tpu' device backed by JAX")
+
+    def is_available() -> bool:
+        return True
+
+    def is_initialized() -> bool:
+        return True
+
+    def device_count() -> int:
+        return 1
+
+    def current_device() -> int:
+        return 0
+
+    def _is_in_bad_fork() -> bool:
+        return False
+
+    def synchronize(device=None) -> None:
+        from .api import sync
+
+        sync(cause="synchronize", depth=3)
+
+    def get_device_name(device=None) -> str:
+        return str(jax_device())
+
+    mod.is_available = is_available
+    mod.is_initialized = is_initialized
+    mod.device_count = device_count
+    mod.current_device = current_device
+    mod._is_in_bad_fork = _is_in_bad_fork
+    mod.synchronize = synchronize
+    mod.get_device_name = get_device_name
+    mod.manual_seed = rng.manual_seed
+    mod.manual_seed_all = rng.manual_seed
+    mod.seed = rng.seed
+    mod.seed_all = rng.seed
+    mod.initial_seed = rng.initial_seed
+    mod.get_rng_state = rng.get_rng_state
+    mod.set_rng_state = rng.set_rng_state
+    return mod
+
+
+class _Hooks(torch._C._acc.PrivateUse1Hooks):
+    def is_available(self) -> bool:
+        return True
+
+    def has_primary_context(self, dev_id) -> bool:
+        return True
+
+    def is_built(self) -> bool:
+        return True
+
+
+class _Guard(torch._C._acc.DeviceGuard):
+    def type_(self):
+        return torch._C._autograd.DeviceType.PrivateUse1
+
+
+_registered = False
+_lib = None
+
+
+def register() -> None:
+    global _registered, _lib
+    if _registered:
+        return
+    if torch._C._get_privateuse1_backend_name() != "privateuseone":
+        raise RuntimeError(
+            f"deferfuse: PrivateUse1 is already registered as {torch._C._get_privateuse1_backend_name()!r}"
+        )
+    _setup_privateuseone_for_python_backend(NAME, backend_module=_make_module(), hook=_Hooks(), device_guard=_Guard())
+    from .dispatch import dispatch
+
+    def _factory_fallback(op, *args, **kwargs):
+        return dispatch(op, args, kwargs)
+
+    _lib = torch.library.Library("_", "IMPL")
+    _lib.fallback(_factory_fallback, "PrivateUse1")
+    _registered = True
+
+
+DEVICE = None  # set by deferfuse/__init__ once registered
+
+
+def torch_device() -> torch.device:
+    return torch.device(NAME, 0)

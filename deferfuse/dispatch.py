@@ -1,0 +1,363 @@
+"""Route every ATen call on "tpu" tensors to the way deferfuse serves it.
+
+Routes, tried in this order when an overload is first seen (the choice is cached per overload):
+
+1. special: host transfers, copies, uninitialised memory, scalar reads (`special.py`);
+2. lowered: a lowering in the table; the call is recorded as one node;
+3. view: the output aliases an input; only metadata is created, nothing is computed;
+4. in-place view (`unsqueeze_`, `t_`, ...): the tensor's own metadata changes;
+5. data-dependent output shape (`nonzero`, `masked_select`, ...): flush, then run eagerly;
+6. mutating (in-place and out= variants): the functional op, then a write into the target;
+7. a PyTorch decomposition, a CompositeImplicitAutograd kernel, or a CompositeExplicitAutograd
+   kernel: re-enter the dispatcher with smaller ops;
+8. the CPU fallback: counted, warned once per op, or an error naming the op.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch._decomp import core_aten_decompositions, decomposition_table
+
+from . import engine, mode, rng, special, tensor
+from .events import METRICS
+from .graph import Op, Pending
+from .lowering import LOWERINGS, fallback, make_lowered_op
+from .meta import ArgSpec, flatten_outputs, run_meta, signature, template, unflatten_outputs
+from .tensor import LAYOUTS, Storage, TpuTensor, layout_id, new_tensor, phys_layout
+from . import views
+
+aten = torch.ops.aten
+
+_ROUTES: dict[Any, Callable] = {}
+_SPECS: dict[Any, ArgSpec] = {}
+_RECIPES: dict[tuple, "Recipe"] = {}
+_VIEWS: dict[tuple, tuple] = {}
+_CHECKED: set = set()
+_depth = 0
+
+DECOMPOSITIONS = dict(core_aten_decompositions())
+for _op, _fn in decomposition_table.items():
+    DECOMPOSITIONS.setdefault(_op, _fn)
+
+
+def dispatch(func, args: tuple, kwargs: dict):
+    global _depth
+    route = _ROUTES.get(func)
+    if route is None:
+        route = classify(func)
+    if _depth:
+        _depth += 1
+        try:
+            return route(func, args, kwargs)
+        finally:
+            _depth -= 1
+    ex = mode.current()
+    if ex.checks_before:
+        ex.before_op(func, args, kwargs)
+    _depth = 1
+    try:
+        out = route(func, args, kwargs)
+    finally:
+        _depth = 0
+    ex.after_op(func)
+    return out
+
+
+def spec_of(func) -> ArgSpec:
+    spec = _SPECS.get(func)
+    if spec is None:
+        low = LOWERINGS.get(func)
+        allow_cpu = func in (aten.index.Tensor, aten.index_put.default, aten.index_put_.default,
+                             aten._unsafe_index.Tensor, aten._unsafe_index_put.default)
+        spec = _SPECS[func] = ArgSpec(func, low.static if low else (), allow_cpu)
+    return spec
+
+
+# --- lowered ops -------------------------------------------------------------------------------
+
+
+class Recipe:
+    """What one op signature records: its Op and how to make its output tensors."""
+
+    __slots__ = ("op", "outs", "spec_out", "rng")
+
+    def __init__(self, op, outs, spec_out, rng_op):
+        self.op = op
+        self.outs = outs  # per output: (size, stride, dtype, lid, phys, lay)
+        self.spec_out = spec_out
+        self.rng = rng_op
+
+
+def _out_info(meta_leaves) -> list:
+    outs = []
+    for m in meta_leaves:
+        size, stride, dtype = tuple(m.shape), tuple(m.stride()), m.dtype
+        phys, perm = phys_layout(size, stride)
+        lay = None if perm is None else (views.plan_view(phys, size, stride, 0), 0)
+        outs.append((size, stride, dtype, layout_id(size, stride, dtype), phys, lay, perm))
+    return outs
+
+
+def _make_recipe(func, spec, key, args, kwargs, low=None, host=False) -> Recipe:
+    meta_out = run_meta(func, args, kwargs)
+    leaves, spec_out = flatten_outputs(meta_out)
+    outs = _out_info(leaves)
+    low = low if low is not None else LOWERINGS.get(func)
+    tmpl = template(spec, args, kwargs)
+    n_scalars = sum(1 for _ in _iter_placeholders(tmpl, ("s", "c")))
+    op = Op.intern(
+        ("host", key) if host else key,
+        lambda: make_lowered_op(func, key, low, tmpl, outs, n_scalars, spec, host=host),
+    )
+    return Recipe(op, [o[:6] for o in outs], spec_out, bool(low is not None and low.rng))
+
+
+def _iter_placeholders(obj, kinds):
+    from .meta import Placeholder
+
+    if isinstance(obj, Placeholder):
+        if obj.kind in kinds:
+            yield obj
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            yield from _iter_placeholders(x, kinds)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from _iter_placeholders(x, kinds)
+
+
+def emit(r: Recipe, tensors, scalars):
+    if r.rng:
+        scalars.extend(rng.next_key())
+    op = r.op
+    g, base = engine.record(op, tensors, scalars)
+    out = []
+    for k, (size, stride, dtype, lid, phys, lay) in enumerate(r.outs):
+        st = Storage(Pending(g, base | k, phys, dtype), phys, dtype)
+        g.track(st)
+        out.append(new_tensor(st, size, stride, 0, dtype, lid, lay))
+    mode.current().after_record(op)
+    return unflatten_outputs(out, r.spec_out)
+
+
+def route_lowered(func, args, kwargs):
+    spec = _SPECS.get(func) or spec_of(func)
+    key, tensors, scalars = signature(spec, args, kwargs)
+    r = _RECIPES.get(key)
+    if r is None:
+        low = LOWERINGS[func]
+        if low.supports is not None and not low.supports(*_meta_args(args, kwargs)):
+            return fallback.run(func, args, kwargs, reason="unsupported arguments")
+        r = _RECIPES[key] = _make_recipe(func, spec, key, args, kwargs, low)
+    return emit(r, tensors, scalars)
+
+
+def _meta_args(args, kwargs):
+    from .meta import to_meta
+
+    return to_meta(args), {k: to_meta(v) for k, v in kwargs.items()}
+
+
+# --- views -----------------------------------------------------------------------------------
+
+
+def route_view(func, args, kwargs):
+    spec = _SPECS.get(func) or spec_of(func)
+    key, tensors, _ = signature(spec, args, kwargs)
+    outs = _VIEWS.get(key)
+    if outs is None:
+        meta_out = run_meta(func, args, kwargs)
+        leaves, spec_out = flatten_outputs(meta_out)
+        outs = (
+            [(tuple(m.shape), tuple(m.stride()), m.storage_offset(), m.dtype) for m in leaves],
+            spec_out,
+        )
+        _VIEWS[key] = outs
+    base = tensors[0]
+    if any(o[3] != base.dtype for o in outs[0]):
+        raise NotImplementedError(f"deferfuse: dtype-changing view {func} needs a lowering")
+    off = base._off
+    res = [tensor.view_of(base, size, stride, off + delta, dtype) for size, stride, delta, dtype in outs[0]]
+    return unflatten_outputs(res, outs[1])
+
+
+def route_as_strided(func, args, kwargs):
+    base, size, stride = args[0], tuple(args[1]), tuple(args[2])
+    off = args[3] if len(args) > 3 and args[3] is not None else kwargs.get("storage_offset")
+    off = base._off if off is None else off
+    _check_storage_bounds(base._st, size, stride, off)
+    return tensor.view_of(base, size, stride, off)
+
+
+def _check_storage_bounds(st: Storage, size, stride, off) -> None:
+    if any(n == 0 for n in size):
+        return
+    need = off + 1 + sum((n - 1) * s for n, s in zip(size, stride))
+    if need > st.numel:
+        item = st.dtype.itemsize
+        raise RuntimeError(
+            f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {off}, and itemsize {item} "
+            f"requiring a storage size of {need * item} are out of bounds for storage of size {st.numel * item}"
+        )
+
+
+def route_inplace_view(func, args, kwargs):
+    t = args[0]
+    margs, mkwargs = _meta_args(args, kwargs)
+    with torch.utils._python_dispatch._disable_current_modes():
+        m = func(*margs, **mkwargs)
+    if isinstance(m, (list, tuple)):
+        m = m[0]
+    size, stride = tuple(m.shape), tuple(m.stride())
+    off = m.storage_offset() + (0 if func is aten.as_strided_.default else t._off)
+    if func is aten.as_strided_.default:
+        _check_storage_bounds(t._st, size, stride, off)
+    set_metadata(t, size, stride, off)
+    return t
+
+
+def set_metadata(t: TpuTensor, size, stride, off) -> None:
+    with torch._C._DisableTorchDispatch():
+        aten.as_strided_.default(t, size, stride, off)
+    t._lid = layout_id(size, stride, t.dtype)
+    t._off = off
+    t._lay = tensor.layout_for(t._st, size, stride, off)
+
+
+# --- mutation ----------------------------------------------------------------------------------
+
+
+def _functional_variant(func):
+    """add_.Tensor -> add.Tensor; add.out -> add.Tensor (matching non-out arguments)."""
+    schema = func._schema
+    packet = func._overloadpacket
+    name = packet.__name__
+    mutable = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    if not mutable:
+        return None
+    if schema.arguments[0].alias_info is not None and schema.arguments[0].alias_info.is_write and name.endswith("_"):
+        base = getattr(aten, name[:-1], None)
+        if base is None and name.endswith("_") and hasattr(aten, name[:-1] + "_functional"):
+            base = getattr(aten, name[:-1] + "_functional")
+        if base is None:
+            return None
+        cand = getattr(base, func._overloadname, None)
+        if cand is not None and len(cand._schema.arguments) == len(schema.arguments):
+            return ("inplace", cand)
+        want = [(a.name, str(a.type)) for a in schema.arguments]
+        for ov in base.overloads():
+            c = getattr(base, ov)
+            if [(a.name, str(a.type)) for a in c._schema.arguments] == want:
+                return ("inplace", c)
+        return None
+    outs = [a for a in mutable if a.kwarg_only]
+    if len(outs) != len(mutable):
+        return None
+    want = [(a.name, str(a.type)) for a in schema.arguments if a not in outs]
+    for ov in packet.overloads():
+        c = getattr(packet, ov)
+        if c._schema.is_mutable:
+            continue
+        if [(a.name, str(a.type)) for a in c._schema.arguments] == want:
+            return ("out", c, [a.name for a in outs])
+    return None
+
+
+_FUNCTIONAL: dict = {}
+
+
+def route_mutating(func, args, kwargs):
+    kind = _FUNCTIONAL[func]
+    _check_meta(func, args, kwargs)
+    if kind[0] == "inplace":
+        result = dispatch(kind[1], args, kwargs)
+        target = args[0]
+        if isinstance(target, (list, tuple)):
+            for t, r in zip(target, result):
+                special.assign(t, r)
+            return None
+        special.assign(target, result)
+        return target
+    _, functional, out_names = kind
+    fkwargs = {k: v for k, v in kwargs.items() if k not in out_names}
+    result = dispatch(functional, args, fkwargs)
+    outs = [kwargs[n] for n in out_names]
+    results = [result] if len(outs) == 1 else list(result)
+    for o, r in zip(outs, results):
+        special.assign_out(o, r)
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _check_meta(func, args, kwargs) -> None:
+    """Run the mutating op's own meta kernel once per signature: it raises PyTorch's errors
+    (broadcast into a smaller tensor, a result type that cannot be cast into the target)."""
+    spec = _SPECS.get(func) or spec_of(func)
+    key, _, _ = signature(spec, args, kwargs)
+    if key in _CHECKED:
+        return
+    run_meta(func, args, kwargs)
+    _CHECKED.add(key)
+
+
+# --- everything else ---------------------------------------------------------------------------
+
+
+def route_decomposed(func, args, kwargs):
+    return DECOMPOSITIONS[func](*args, **kwargs)
+
+
+def route_composite(func, args, kwargs):
+    return func.decompose(*args, **kwargs)
+
+
+def route_explicit(func, args, kwargs):
+    return func._op_dk(torch._C.DispatchKey.CompositeExplicitAutograd, *args, **kwargs)
+
+
+def route_fallback(func, args, kwargs):
+    return fallback.run(func, args, kwargs)
+
+
+def classify(func) -> Callable:
+    route = _classify(func)
+    _ROUTES[func] = route
+    return route
+
+
+def _classify(func) -> Callable:
+    sp = special.HANDLERS.get(func)
+    if sp is not None:
+        return sp
+    if func in LOWERINGS:
+        return route_lowered
+    if func is aten.as_strided.default:
+        return route_as_strided
+    schema = func._schema
+    tags = func.tags
+    if torch.Tag.inplace_view in tags:
+        return route_inplace_view
+    returns = schema.returns
+    if returns and all(r.alias_info is not None and not r.alias_info.is_write for r in returns):
+        return route_view
+    if len(returns) == 1 and str(returns[0].type) == "List[Tensor]" and returns[0].alias_info is not None \
+            and not returns[0].alias_info.is_write:
+        return route_view
+    if torch.Tag.dynamic_output_shape in tags and func not in DECOMPOSITIONS:
+        return special.route_data_dependent
+    if schema.is_mutable:
+        kind = _functional_variant(func)
+        if kind is not None:
+            _FUNCTIONAL[func] = kind
+            return route_mutating
+    if func in DECOMPOSITIONS:
+        return route_decomposed
+    name = func.name()
+    if torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeImplicitAutograd"):
+        return route_composite
+    if torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeExplicitAutograd"):
+        return route_explicit
+    return route_fallback
+
+
+tensor._dispatch = dispatch

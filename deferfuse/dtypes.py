@@ -1,0 +1,82 @@
+"""torch <-> JAX dtype mapping.
+
+JAX's x64 mode is switched on before any array exists: without it int64 and float64 silently
+become 32-bit, a defect users of other bridges hit (see docs/reference). bfloat16 crosses the
+host boundary through ml_dtypes because torch cannot hand it to NumPy directly.
+"""
+from __future__ import annotations
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+import ml_dtypes  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+TORCH_TO_JAX: dict[torch.dtype, jnp.dtype] = {
+    torch.float32: jnp.dtype("float32"),
+    torch.float64: jnp.dtype("float64"),
+    torch.float16: jnp.dtype("float16"),
+    torch.bfloat16: jnp.dtype(ml_dtypes.bfloat16),
+    torch.int8: jnp.dtype("int8"),
+    torch.int16: jnp.dtype("int16"),
+    torch.int32: jnp.dtype("int32"),
+    torch.int64: jnp.dtype("int64"),
+    torch.uint8: jnp.dtype("uint8"),
+    torch.uint16: jnp.dtype("uint16"),
+    torch.uint32: jnp.dtype("uint32"),
+    torch.uint64: jnp.dtype("uint64"),
+    torch.bool: jnp.dtype("bool"),
+    torch.complex64: jnp.dtype("complex64"),
+    torch.complex128: jnp.dtype("complex128"),
+    torch.float8_e4m3fn: jnp.dtype(ml_dtypes.float8_e4m3fn),
+    torch.float8_e5m2: jnp.dtype(ml_dtypes.float8_e5m2),
+}
+JAX_TO_TORCH: dict[jnp.dtype, torch.dtype] = {v: k for k, v in TORCH_TO_JAX.items()}
+
+# Dtypes NumPy cannot receive from torch directly; crossed as same-width integers.
+_BITCAST_VIA = {
+    torch.bfloat16: torch.int16,
+    torch.float8_e4m3fn: torch.int8,
+    torch.float8_e5m2: torch.int8,
+}
+
+
+def to_jax_dtype(dtype: torch.dtype) -> jnp.dtype:
+    try:
+        return TORCH_TO_JAX[dtype]
+    except KeyError:
+        raise TypeError(f"deferfuse: dtype {dtype} is not supported on the tpu device") from None
+
+
+def to_torch_dtype(dtype) -> torch.dtype:
+    return JAX_TO_TORCH[jnp.dtype(dtype)]
+
+
+def torch_to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A NumPy array with t's logical contents (a copy whenever t's memory could change)."""
+    t = t.detach()
+    via = _BITCAST_VIA.get(t.dtype)
+    if via is not None:
+        return t.contiguous().view(via).numpy().view(TORCH_TO_JAX[t.dtype])
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    return t.numpy()
+
+
+def numpy_to_torch(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    via = _BITCAST_VIA.get(dtype)
+    a = np.ascontiguousarray(a)
+    if via is not None:
+        return torch.from_numpy(a.view(TORCH_TO_JAX[via].type).copy()).view(dtype)
+    if not a.flags.writeable:
+        a = a.copy()
+    return torch.from_numpy(a)
+
+
+def is_floating(dtype: torch.dtype) -> bool:
+    return dtype.is_floating_point or dtype.is_complex

@@ -1,0 +1,296 @@
+"""The stream: record ops into the pending graph, and flush it through the compile cache.
+
+All three modes go through here. Strict and Debug flush after every top-level op, DeferAndFuse at
+sync points; so a Strict op and a one-op DeferAndFuse group are the same cache entry.
+"""
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+
+from . import cache, events, sources, views
+from .config import CONFIG
+from .dtypes import to_jax_dtype
+from .events import METRICS
+from .graph import OUT_BITS, Graph, Op, Pending, PeriodDetector
+from .tensor import LAYOUTS, Storage, TpuTensor, layout_for, new_tensor
+
+
+class FlushError(RuntimeError):
+    """A flush failed; names the ops and the user's source lines involved."""
+
+
+class _Stream:
+    def __init__(self):
+        self.graph = Graph()
+        self.period = PeriodDetector(CONFIG.period_lookback)
+        self.flushing = False
+
+
+STREAM = _Stream()
+
+
+# --- internal ops: view reads/writes and uninitialised memory ------------------------------
+
+
+def _read_op(plan, shape, dtype) -> Op:
+    zero = plan[0] == "empty" or plan[-1]
+    jd = to_jax_dtype(dtype)
+
+    def make():
+        def fn(ins, scs):
+            return [views.read(ins[0], plan, 0 if zero else scs[0])]
+
+        return Op(("read", plan, dtype), "view_read", fn, [(shape, jd)], 0 if zero else 1, family="view")
+
+    return Op.intern(("read", plan, dtype), make)
+
+
+def _write_op(plan, phys, dtype) -> Op:
+    zero = plan[0] == "empty" or plan[-1]
+    jd = to_jax_dtype(dtype)
+
+    def make():
+        def fn(ins, scs):
+            return [views.write(ins[0], plan, 0 if zero else scs[0], ins[1])]
+
+        return Op(("write", plan, dtype), "view_write", fn, [(phys, jd)], 0 if zero else 1, family="view")
+
+    return Op.intern(("write", plan, dtype), make)
+
+
+def _zeros_op(shape, dtype) -> Op:
+    jd = to_jax_dtype(dtype)
+
+    def make():
+        return Op(("zeros", shape, dtype), "empty", lambda ins, scs: [jnp.zeros(shape, jd)], [(shape, jd)], 0,
+                  family="creation")
+
+    return Op.intern(("zeros", shape, dtype), make)
+
+
+# --- recording -------------------------------------------------------------------------------
+
+
+def value_ref(g: Graph, st: Storage) -> int:
+    """The graph ref of a storage's current value (registering a concrete one as an input)."""
+    if st.error is not None:
+        raise st.error
+    v = st.value
+    if type(v) is Pending:
+        if v.graph is g:
+            return v.ref
+        raise RuntimeError("deferfuse internal error: a storage holds a value of a finished graph")
+    if v is None:
+        op = _zeros_op(st.shape, st.dtype)
+        ref = g.add(op, (), None, None)
+        st.value = Pending(g, ref, st.shape, st.dtype)
+        g.track(st)
+        return ref
+    return g.input_ref(v, (st.shape, st.dtype))
+
+
+def tensor_ref(g: Graph, t: TpuTensor) -> int:
+    r = value_ref(g, t._st)
+    lay = t._lay
+    if lay is None:
+        return r
+    plan, off = lay
+    key = (r, plan, off)
+    hit = g.reads.get(key)
+    if hit is None:
+        size, _, dtype = LAYOUTS[t._lid]
+        op = _read_op(plan, size, dtype)
+        hit = g.add(op, (r,), None if op.n_scalars == 0 else (off,), _where())
+        g.reads[key] = hit
+    return hit
+
+
+def _where():
+    return sources.user_frame(3) if CONFIG.source_lines else None
+
+
+def record(op: Op, tensors, scalars) -> tuple[Graph, int]:
+    """Append one node reading `tensors`; returns (graph, base ref of its outputs)."""
+    g = STREAM.graph
+    refs = tuple([tensor_ref(g, t) for t in tensors])
+    base = g.add(op, refs, scalars, _where())
+    METRICS.ops_recorded += 1
+    return g, base
+
+
+def new_storage(g: Graph, ref: int, phys: tuple, dtype) -> Storage:
+    st = Storage(None, phys, dtype)
+    st.value = Pending(g, ref, phys, dtype)
+    g.track(st)
+    return st
+
+
+def write(t: TpuTensor, new_ref: int, g: Graph) -> None:
+    """Make `new_ref` (t's logical shape and dtype, already cast) the contents of view t."""
+    st = t._st
+    if t._lay is None:
+        st.value = Pending(g, new_ref, st.shape, st.dtype)
+        g.track(st)
+        return
+    plan, off = t._lay
+    if plan[0] == "empty":
+        return
+    old = value_ref(g, st)
+    op = _write_op(plan, st.shape, st.dtype)
+    ref = g.add(op, (old, new_ref), None if op.n_scalars == 0 else (off,), _where())
+    st.value = Pending(g, ref, st.shape, st.dtype)
+    g.track(st)
+    g.reads.clear()  # reads of this storage now see a new value; keep the cache simple
+
+
+def write_concrete(t: TpuTensor, array) -> None:
+    """Make a concrete logical array the contents of view t (host-to-device copies)."""
+    if t._lay is None:
+        t._st.value = array  # whole replacement: whatever was pending for it is now dead
+        return
+    g = STREAM.graph
+    write(t, g.input_ref(array, (tuple(array.shape), t.dtype)), g)
+
+
+def zeros_storage(shape: tuple, dtype) -> Storage:
+    """Uninitialised memory (torch.empty): reads as zeros, costs nothing until read."""
+    return Storage(None, shape, dtype)
+
+
+# --- flushing ----------------------------------------------------------------------------------
+
+
+def pending_count() -> int:
+    return len(STREAM.graph.nodes)
+
+
+def flush(cause: str, where=None) -> list:
+    """Run everything pending. Returns the storages that received values."""
+    g = STREAM.graph
+    if not g.nodes:
+        return []
+    if STREAM.flushing:
+        raise RuntimeError("deferfuse internal error: re-entrant flush")
+    STREAM.graph = Graph()
+    if cause not in ("repeated_op_heuristic", "strict_op", "debug_op"):
+        STREAM.period.reset()
+    t0 = time.perf_counter()
+    STREAM.flushing = True
+    try:
+        live = []
+        seen: set[int] = set()
+        refs: dict[int, int] = {}
+        for w in g.storages:
+            s = w()
+            if s is not None and id(s) not in seen:
+                v = s.value
+                if type(v) is Pending and v.graph is g:
+                    seen.add(id(s))
+                    live.append(s)
+                    if v.ref not in refs:
+                        refs[v.ref] = len(refs)
+        out_refs = tuple(refs)
+        try:
+            results, plan, hit = cache.execute(g, out_refs, cause, where)
+        except Exception as exc:  # noqa: BLE001 - re-raised with context below
+            _recover(g, live, exc, cause, where)
+            raise AssertionError("unreachable")
+        for s in live:
+            s.value = results[refs[s.value.ref]]
+        n = len(g.nodes)
+        METRICS.flushes[cause] += 1
+        METRICS.nodes_flushed += n
+        METRICS.outputs_materialized += len(out_refs)
+        if n > METRICS.max_pending:
+            METRICS.max_pending = n
+        skipped = plan.n_internal
+        METRICS.intermediates_skipped += skipped
+        dt = time.perf_counter() - t0
+        METRICS.flush_seconds += dt
+        if events.collecting() or CONFIG.log:
+            events.emit(
+                "flush", cause=cause, where=where, nodes=n, outputs=len(out_refs), hit=hit, key=plan.key_hash,
+                groups=len(plan.steps), seconds=dt, skipped=skipped, bytes_skipped=plan.bytes_internal,
+                bytes_out=plan.bytes_out,
+            )
+        return live
+    finally:
+        STREAM.flushing = False
+
+
+def _recover(g: Graph, live: list, exc: Exception, cause: str, where) -> None:
+    """Run the failed graph op by op, so the values before the failing op stay valid."""
+    values: dict[int, object] = {-(i + 1): a for i, a in enumerate(g.inputs)}
+    failed = None
+    bad: set[int] = set()
+    for idx, node in enumerate(g.nodes):
+        base = idx << OUT_BITS
+        if any(r in bad for r in node.inputs):
+            bad.update(base | k for k in range(len(node.op.out_avals)))
+            continue
+        try:
+            ins = [values[r] for r in node.inputs]
+            scs = g.scalars[node.scalar_lo : node.scalar_lo + node.op.n_scalars]
+            outs = cache.run_single(node.op, ins, scs)
+            for k, o in enumerate(outs):
+                values[base | k] = o
+        except Exception as e:  # noqa: BLE001
+            bad.update(base | k for k in range(len(node.op.out_avals)))
+            if failed is None:
+                failed = (node, e)
+    if failed is None:
+        failed = (g.nodes[-1], exc)
+    node, err = failed
+    msg = (
+        f"deferfuse: flush ({cause} at {sources.fmt(where)}) failed in {node.op.name} "
+        f"recorded at {sources.fmt(node.where)}: {type(err).__name__}: {err}"
+    )
+    error = FlushError(msg)
+    error.__cause__ = err
+    for s in live:
+        r = s.value.ref
+        if r in values:
+            s.value = values[r]
+        else:
+            s.error = error
+    raise error
+
+
+def block(storages) -> None:
+    t0 = time.perf_counter()
+    for s in storages:
+        v = s.value
+        if isinstance(v, jax.Array):
+            v.block_until_ready()
+    METRICS.sync_wait_seconds += time.perf_counter() - t0
+
+
+def concrete(t: TpuTensor, cause: str, where=None):
+    """t's logical value as a concrete jax.Array, flushing whatever it depends on."""
+    st = t._st
+    if st.error is not None:
+        raise st.error
+    if t._lay is None:
+        if type(st.value) is Pending or st.value is None:
+            if st.value is None:
+                value_ref(STREAM.graph, st)
+            flush(cause, where)
+        if st.error is not None:
+            raise st.error
+        return st.value
+    # a view: read it into a temporary storage that the flush materialises
+    g = STREAM.graph
+    size, stride, dtype = LAYOUTS[t._lid]
+    ref = tensor_ref(g, t)
+    tmp = new_storage(g, ref, size, dtype)
+    flush(cause, where)
+    if tmp.error is not None:
+        raise tmp.error
+    return tmp.value
+
+
+def wrap_output(st: Storage, size, stride, dtype, lid) -> TpuTensor:
+    return new_tensor(st, size, stride, 0, dtype, lid, layout_for(st, size, stride, 0))

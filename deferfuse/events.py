@@ -1,0 +1,122 @@
+"""Counters and structured events: the raw material of `deferfuse.metrics()` and the report.
+
+Everything the engine wants to tell a user is recorded here first as plain data (a flush with
+its cause and source line, a compile with its key diff, a CPU fallback), and only rendered to text
+by the report or the live log. Recording a counter is a dict increment; the per-flush event list
+is bounded so a long run does not grow without limit.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import CONFIG
+from .sources import fmt
+
+
+@dataclass
+class Metrics:
+    ops_recorded: int = 0
+    flushes: Counter = field(default_factory=Counter)  # cause -> count
+    cache_hits: int = 0
+    cache_misses: int = 0
+    compile_seconds: float = 0.0
+    execute_calls: int = 0
+    cpu_fallbacks: Counter = field(default_factory=Counter)  # op name -> count
+    outputs_materialized: int = 0
+    bytes_materialized: int = 0
+    intermediates_skipped: int = 0
+    bytes_skipped: int = 0
+    nodes_flushed: int = 0
+    sync_wait_seconds: float = 0.0
+    flush_seconds: float = 0.0
+    max_pending: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ops_recorded": self.ops_recorded,
+            "flushes": sum(self.flushes.values()),
+            "flushes_by_cause": dict(self.flushes),
+            "cache_hits": self.cache_hits,
+            "cache_misses": self.cache_misses,
+            "programs_compiled": self.cache_misses,
+            "compile_seconds": self.compile_seconds,
+            "execute_calls": self.execute_calls,
+            "cpu_fallbacks": dict(self.cpu_fallbacks),
+            "cpu_fallbacks_total": sum(self.cpu_fallbacks.values()),
+            "outputs_materialized": self.outputs_materialized,
+            "bytes_materialized": self.bytes_materialized,
+            "intermediates_skipped": self.intermediates_skipped,
+            "bytes_skipped": self.bytes_skipped,
+            "nodes_flushed": self.nodes_flushed,
+            "sync_wait_seconds": self.sync_wait_seconds,
+            "flush_seconds": self.flush_seconds,
+            "max_pending": self.max_pending,
+        }
+
+
+METRICS = Metrics()
+
+# Structured events for the report. Off unless a report is being collected, so a plain run pays
+# nothing beyond the counters above.
+_EVENTS: deque | None = None
+_EVENT_CAP = 200_000
+
+
+def collecting() -> bool:
+    return _EVENTS is not None
+
+
+def start_collecting() -> None:
+    global _EVENTS
+    _EVENTS = deque(maxlen=_EVENT_CAP)
+
+
+def stop_collecting() -> list[dict]:
+    global _EVENTS
+    out = list(_EVENTS or ())
+    _EVENTS = None
+    return out
+
+
+def events() -> list[dict]:
+    return list(_EVENTS or ())
+
+
+def emit(kind: str, **data: Any) -> None:
+    if _EVENTS is not None:
+        data["kind"] = kind
+        data["t"] = time.perf_counter()
+        _EVENTS.append(data)
+    if kind in CONFIG.log or ("all" in CONFIG.log and kind in ("flush", "compile", "fallback")):
+        _log_line(kind, data)
+
+
+def _log_line(kind: str, data: dict) -> None:
+    if kind == "flush":
+        msg = (
+            f"[deferfuse] flush: cause={data['cause']} at {fmt(data.get('where'))} "
+            f"nodes={data['nodes']} outputs={data['outputs']} cache={'hit' if data['hit'] else 'miss'}"
+        )
+    elif kind == "compile":
+        msg = (
+            f"[deferfuse] compile: {data['ops']} ops in {data['seconds'] * 1e3:.0f} ms "
+            f"at {fmt(data.get('where'))}; {data.get('why', 'first compile')}"
+        )
+    elif kind == "fallback":
+        msg = f"[deferfuse] fallback: {data['op']} ran on CPU at {fmt(data.get('where'))}"
+    else:
+        msg = f"[deferfuse] {kind}: {data}"
+    print(msg, file=sys.stderr)
+
+
+def reset() -> None:
+    global METRICS
+    fresh = Metrics()
+    for name in fresh.__dataclass_fields__:
+        setattr(METRICS, name, getattr(fresh, name))
+    if _EVENTS is not None:
+        _EVENTS.clear()

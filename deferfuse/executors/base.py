@@ -1,0 +1,43 @@
+"""The interface the three executors share: hooks around each ATen call.
+
+An executor does not run ops itself (the engine records and the cache runs); it decides *when*
+the pending graph is flushed and what is checked around it:
+
+- `before_op(func, args, kwargs)`: called for each top-level op before it is recorded.
+- `after_record()`: called after every recorded node, nested ones included.
+- `after_op(func)`: called when a top-level op has returned.
+- `on_exit()`: called when a `with deferfuse.mode(...)` block of this kind ends.
+"""
+from __future__ import annotations
+
+from enum import Enum
+
+
+class EagerMode(str, Enum):
+    """The three eager modes, with TorchTPU's names as aliases."""
+
+    DEFER_AND_FUSE = "defer_and_fuse"
+    STRICT = "strict"
+    DEBUG = "debug"
+    DEFER_NEVER = "strict"
+    DEFER_NEVER_AND_LAUNCH_BLOCKING = "debug"
+
+
+class Executor:
+    kind: EagerMode
+    checks_before = False  # whether before_op does anything (saves a call on the hot path)
+
+    def before_op(self, func, args, kwargs) -> None:
+        pass
+
+    def after_record(self, op) -> None:
+        pass
+
+    def after_op(self, func) -> None:
+        pass
+
+    def on_exit(self) -> None:
+        pass
+
+    def __repr__(self):
+        return f"<{type(self).__name__} {self.kind.value}>"

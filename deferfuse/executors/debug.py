@@ -1,0 +1,135 @@
+"""Debug (TORCH_TPU_LAUNCH_BLOCKING=1): each op runs and is waited for, then checked.
+
+- Floating outputs are checked for NaN/Inf. Only the op that *introduces* a non-finite value
+  raises (its inputs and scalar arguments were finite), so an intentional `-inf` mask or a NaN
+  already present upstream does not stop the run; DEFERFUSE_DEBUG_NAN_CHECK=0 turns it off.
+- Indexing ops check their indices on the host first; an out-of-range index raises exactly the
+  exception CPU PyTorch raises (obtained by running the op on CPU), at the user's line.
+
+Strict and DeferAndFuse pay for none of this.
+"""
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import torch
+
+from .. import engine, sources
+from ..config import CONFIG
+from ..tensor import TpuTensor
+from .base import EagerMode, Executor
+
+aten = torch.ops.aten
+
+# op -> (position of the indexed tensor, position of dim or None, position of index/indices)
+_INDEXED = {
+    aten.index_select.default: (0, 1, 2),
+    aten.gather.default: (0, 1, 2),
+    aten.scatter.src: (0, 1, 2),
+    aten.scatter.value: (0, 1, 2),
+    aten.scatter.reduce: (0, 1, 2),
+    aten.scatter_.src: (0, 1, 2),
+    aten.scatter_.value: (0, 1, 2),
+    aten.scatter_add.default: (0, 1, 2),
+    aten.scatter_add_.default: (0, 1, 2),
+    aten.scatter_reduce.two: (0, 1, 2),
+    aten.scatter_reduce_.two: (0, 1, 2),
+    aten.embedding.default: (0, None, 1),
+    aten.index.Tensor: (0, None, 1),
+    aten.index_put.default: (0, None, 1),
+    aten.index_put_.default: (0, None, 1),
+    aten._unsafe_index.Tensor: (0, None, 1),
+    aten._unsafe_index_put.default: (0, None, 1),
+    aten.index_add.default: (0, 1, 2),
+    aten.index_add_.default: (0, 1, 2),
+    aten.index_copy.default: (0, 1, 2),
+    aten.index_copy_.default: (0, 1, 2),
+    aten.index_fill.int_Scalar: (0, 1, 2),
+    aten.index_fill_.int_Scalar: (0, 1, 2),
+}
+
+
+class DebugExecutor(Executor):
+    kind = EagerMode.DEBUG
+    checks_before = True
+
+    def before_op(self, func, args, kwargs) -> None:
+        spec = _INDEXED.get(func)
+        if spec is not None:
+            _check_indices(func, spec, args, kwargs)
+        if CONFIG.debug_nan_check:
+            self._inputs_finite = _all_finite(args, kwargs)
+
+    def after_op(self, func) -> None:
+        if not engine.STREAM.graph.nodes:
+            return
+        where = sources.user_frame(2)
+        done = engine.flush("debug_op", where)
+        engine.block(done)
+        if CONFIG.debug_nan_check and getattr(self, "_inputs_finite", False):
+            for st in done:
+                if st.dtype.is_floating_point or st.dtype.is_complex:
+                    if not bool(jnp.isfinite(st.value).all()):
+                        raise RuntimeError(
+                            f"deferfuse debug: {func} produced NaN or Inf from finite inputs "
+                            f"(at {sources.fmt(where)}); set DEFERFUSE_DEBUG_NAN_CHECK=0 to disable this check"
+                        )
+
+
+def _all_finite(args, kwargs) -> bool:
+    """Whether every floating tpu input and Python float argument is finite (syncs; debug only)."""
+    for a in list(args) + list(kwargs.values()):
+        for x in a if isinstance(a, (list, tuple)) else (a,):
+            if isinstance(x, float) and not math.isfinite(x):
+                return False
+            if isinstance(x, TpuTensor) and (x.dtype.is_floating_point or x.dtype.is_complex):
+                v = engine.concrete(x, "debug_op", None)
+                if not bool(jnp.isfinite(v).all()):
+                    return False
+    return True
+
+
+def _check_indices(func, spec, args, kwargs) -> None:
+    src_pos, dim_pos, idx_pos = spec
+    if len(args) <= idx_pos:
+        return
+    src, idx = args[src_pos], args[idx_pos]
+    if not isinstance(src, torch.Tensor):
+        return
+    if dim_pos is None:
+        if func is aten.embedding.default:
+            pairs = [(idx, src.shape[0])]
+        else:
+            pairs = [(ix, src.shape[d]) for d, ix in enumerate(idx) if ix is not None]
+    else:
+        dim = args[dim_pos]
+        dim = dim + src.dim() if dim < 0 else dim
+        pairs = [(idx, src.shape[dim] if src.dim() else 1)]
+    for ix, n in pairs:
+        if not isinstance(ix, torch.Tensor) or ix.dtype == torch.bool or ix.numel() == 0:
+            continue
+        v = engine.concrete(ix, "debug_op", None) if isinstance(ix, TpuTensor) else jnp.asarray(ix.numpy())
+        lo, hi = int(jnp.min(v)), int(jnp.max(v))
+        if lo < 0 or hi >= n:
+            _raise_like_cpu(func, args, kwargs, f"index {hi if hi >= n else lo} is out of bounds for size {n}")
+
+
+def _raise_like_cpu(func, args, kwargs, fallback_msg: str) -> None:
+    """Raise what CPU PyTorch raises for this call (same type, same message)."""
+
+    def cpu(x):
+        if isinstance(x, TpuTensor):
+            return x.detach().cpu()
+        if isinstance(x, (list, tuple)):
+            return type(x)(cpu(y) for y in x)
+        return x
+
+    try:
+        func(*cpu(args), **{k: cpu(v) for k, v in kwargs.items()})
+    except (IndexError, RuntimeError, ValueError) as e:
+        raise type(e)(str(e)) from None
+    if func in (aten.index.Tensor, aten._unsafe_index.Tensor, aten.index_put.default, aten.index_put_.default):
+        # negative indices wrap on CPU for advanced indexing; nothing to report
+        return
+    raise IndexError(fallback_msg)

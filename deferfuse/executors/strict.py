@@ -1,0 +1,18 @@
+"""Strict: every top-level op runs at once as its own cached program, asynchronously.
+
+The host does not wait: JAX dispatch is asynchronous, so the op's outputs are futures and the
+host only blocks at a sync point (`.item()`, `.cpu()`, print).
+"""
+from __future__ import annotations
+
+from .. import engine, sources
+from ..config import CONFIG
+from .base import EagerMode, Executor
+
+
+class StrictExecutor(Executor):
+    kind = EagerMode.STRICT
+
+    def after_op(self, func) -> None:
+        if engine.STREAM.graph.nodes:
+            engine.flush("strict_op", sources.user_frame(2) if CONFIG.source_lines else None)

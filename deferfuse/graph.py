@@ -1,0 +1,174 @@
+"""The pending DAG: what DeferAndFuse has recorded but not yet run.
+
+Values are SSA: every recorded op output is a new `Pending` value, and a storage written in place
+simply points at a newer value. A node refers to its operands by *position*, never identity:
+external inputs by the order they were first used, pending values by (producer index, output
+index). The structural key of a flush is therefore built incrementally while recording, and two
+flushes of the same computation on different data give the same key.
+
+Liveness is tracked through weak references to storages. At a flush the pending values still held
+by a live storage become program outputs; the rest are intermediates nobody can observe any more
+and are never computed.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable
+
+OUT_BITS = 12  # outputs per node; a ref is (node << OUT_BITS) | output, inputs are negative
+
+
+class Op:
+    """A recordable operation: everything needed to trace it, and an interned id for keys.
+
+    `fn(inputs, scalars) -> list[jax.Array]` runs at trace time only. `out_avals` are the
+    (physical shape, jax dtype) of each output. `host=True` ops run on CPU between programs.
+    """
+
+    __slots__ = ("id", "name", "fn", "out_avals", "n_scalars", "host", "family", "key", "__weakref__")
+    _interned: dict[Any, "Op"] = {}
+
+    def __init__(self, key, name, fn, out_avals, n_scalars, host=False, family="other"):
+        self.key = key
+        self.name = name
+        self.fn = fn
+        self.out_avals = out_avals
+        self.n_scalars = n_scalars
+        self.host = host
+        self.family = family
+        self.id = len(Op._interned)
+
+    @classmethod
+    def intern(cls, key, make: Callable[[], "Op"]) -> "Op":
+        op = cls._interned.get(key)
+        if op is None:
+            op = make()
+            cls._interned[key] = op
+        return op
+
+    def __repr__(self):
+        return f"Op({self.name})"
+
+
+class Pending:
+    """A value some node of `graph` will produce."""
+
+    __slots__ = ("graph", "ref", "shape", "dtype")
+
+    def __init__(self, graph, ref, shape, dtype):
+        self.graph = graph
+        self.ref = ref
+        self.shape = shape
+        self.dtype = dtype
+
+
+class Node:
+    __slots__ = ("op", "inputs", "scalar_lo", "where")
+
+    def __init__(self, op, inputs, scalar_lo, where):
+        self.op = op
+        self.inputs = inputs
+        self.scalar_lo = scalar_lo
+        self.where = where
+
+
+class PeriodDetector:
+    """Spots the period of a repeating op stream (TorchTPU's repeated-op heuristic).
+
+    For every candidate period P (the distance to the previous occurrence of the same op) it
+    counts how many consecutive ops matched the op P positions earlier. Once that run covers a
+    whole period the stream is periodic, and cuts are allowed only at positions that are a
+    multiple of P from where the repetition started, so each iteration is cut in the same place.
+    """
+
+    __slots__ = ("lookback", "hist", "n", "last", "runs")
+
+    def __init__(self, lookback: int):
+        self.lookback = lookback
+        self.reset()
+
+    def reset(self) -> None:
+        self.hist: list[int] = []
+        self.n = 0
+        self.last: dict[int, int] = {}
+        self.runs: dict[int, int] = {}
+
+    def push(self, h: int) -> int:
+        """Record op hash h; return the smallest established period whose boundary this is, or 0."""
+        n = self.n
+        hist = self.hist
+        hist.append(h)
+        runs = self.runs
+        if runs:
+            for p in list(runs):
+                if n - p >= 0 and hist[n - p] == h:
+                    runs[p] += 1
+                else:
+                    del runs[p]
+        prev = self.last.get(h)
+        if prev is not None:
+            p = n - prev
+            if p <= self.lookback // 2 and p not in runs:
+                runs[p] = 1
+        self.last[h] = n
+        self.n = n + 1
+        if len(hist) > 2 * self.lookback:
+            drop = len(hist) - self.lookback
+            del hist[:drop]
+            self.n -= drop
+            self.last = {k: v - drop for k, v in self.last.items() if v >= drop}
+        best = 0
+        for p, r in runs.items():
+            # r ops matched the op p earlier, so the last r + p ops repeat with period p; a
+            # boundary is where a whole number of periods has passed since the repetition began.
+            if r >= p and r % p == 0 and (best == 0 or p < best):
+                best = p
+        return best
+
+
+class Graph:
+    """One pending stream between two flushes."""
+
+    def __init__(self):
+        self.nodes: list[Node] = []
+        self.inputs: list = []  # concrete jax arrays, by position
+        self.input_avals: list = []  # (shape, jax dtype) per input, part of the key
+        self._input_pos: dict[int, int] = {}
+        self.scalars: list = []
+        self.storages: list = []  # weakrefs to storages whose value is Pending in this graph
+        self.sig: list = []  # per node (op id, inputs), the structural key
+        self.reads: dict = {}  # (ref, plan, offset) -> ref, so repeated view reads share a node
+        self.hash = 0  # running hash of `sig`, so a cache lookup never rehashes the whole graph
+
+    def __len__(self):
+        return len(self.nodes)
+
+    def input_ref(self, array, aval) -> int:
+        pos = self._input_pos.get(id(array))
+        if pos is None:
+            pos = len(self.inputs)
+            self._input_pos[id(array)] = pos
+            self.inputs.append(array)
+            self.input_avals.append(aval)
+        return -(pos + 1)
+
+    def add(self, op: Op, inputs: tuple, scalars, where) -> int:
+        idx = len(self.nodes)
+        lo = len(self.scalars)
+        if scalars:
+            self.scalars.extend(scalars)
+        self.nodes.append(Node(op, inputs, lo, where))
+        self.sig.append((op.id, inputs))
+        self.hash = hash((self.hash, op.id, inputs))
+        return idx << OUT_BITS
+
+    def track(self, storage) -> None:
+        self.storages.append(weakref.ref(storage))
+
+
+def node_of(ref: int) -> int:
+    return ref >> OUT_BITS
+
+
+def out_of(ref: int) -> int:
+    return ref & ((1 << OUT_BITS) - 1)

@@ -1,0 +1,383 @@
+"""Pointwise ops: unary math, arithmetic, comparisons, selection.
+
+Type promotion is declared (`promote=`), so bodies only hold the math. Where PyTorch's CPU
+semantics differ from the obvious JAX call (integer division, lerp, pow with integer exponents),
+the body says how it matches CPU.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .registry import aten, lowering
+
+
+def _unary(op, fn, promote="default"):
+    lowering(op, promote=promote)(fn)
+
+
+# --- unary ---------------------------------------------------------------------------------------
+
+for _op, _fn in [
+    (aten.exp.default, jnp.exp),
+    (aten.exp2.default, jnp.exp2),
+    (aten.expm1.default, jnp.expm1),
+    (aten.log.default, jnp.log),
+    (aten.log2.default, jnp.log2),
+    (aten.log10.default, jnp.log10),
+    (aten.log1p.default, jnp.log1p),
+    (aten.sin.default, jnp.sin),
+    (aten.cos.default, jnp.cos),
+    (aten.tan.default, jnp.tan),
+    (aten.asin.default, jnp.arcsin),
+    (aten.acos.default, jnp.arccos),
+    (aten.atan.default, jnp.arctan),
+    (aten.sinh.default, jnp.sinh),
+    (aten.cosh.default, jnp.cosh),
+    (aten.tanh.default, jnp.tanh),
+    (aten.asinh.default, jnp.arcsinh),
+    (aten.acosh.default, jnp.arccosh),
+    (aten.atanh.default, jnp.arctanh),
+    (aten.sqrt.default, jnp.sqrt),
+    (aten.rsqrt.default, lax.rsqrt),
+    (aten.sigmoid.default, jax.nn.sigmoid),
+    (aten.erf.default, jax.scipy.special.erf),
+    (aten.erfc.default, jax.scipy.special.erfc),
+    (aten.erfinv.default, jax.scipy.special.erfinv),
+    (aten.lgamma.default, jax.scipy.special.gammaln),
+    (aten.digamma.default, jax.scipy.special.digamma),
+    (aten.reciprocal.default, jnp.reciprocal),
+    (aten.sinc.default, jnp.sinc),
+    (aten.deg2rad.default, jnp.deg2rad),
+    (aten.rad2deg.default, jnp.rad2deg),
+]:
+    _unary(_op, _fn, promote="int_to_float")
+
+for _op, _fn in [
+    (aten.neg.default, jnp.negative),
+    (aten.floor.default, jnp.floor),
+    (aten.ceil.default, jnp.ceil),
+    (aten.trunc.default, jnp.trunc),
+    (aten.frac.default, lambda x: x - jnp.trunc(x)),
+    (aten.sign.default, jnp.sign),
+    (aten.bitwise_not.default, jnp.invert),
+]:
+    _unary(_op, _fn)
+
+for _op, _fn in [
+    (aten.isnan.default, jnp.isnan),
+    (aten.isinf.default, jnp.isinf),
+    (aten.isfinite.default, jnp.isfinite),
+    (aten.isposinf.default, jnp.isposinf),
+    (aten.isneginf.default, jnp.isneginf),
+    (aten.signbit.default, jnp.signbit),
+    (aten.logical_not.default, jnp.logical_not),
+]:
+    _unary(_op, _fn, promote=None)
+
+
+@lowering(aten.abs.default, promote="complex_to_float")
+def abs_(x):
+    return jnp.abs(x)
+
+
+@lowering(aten.round.default, promote="default")
+def round_(x):
+    """Half to even, like CPU PyTorch."""
+    return jnp.round(x) if jnp.issubdtype(x.dtype, jnp.inexact) else x
+
+
+@lowering(aten.round.decimals, promote="default")
+def round_decimals(x, *, decimals=0):
+    return jnp.round(x, decimals)
+
+
+@lowering(aten.relu.default, promote="default")
+def relu(x):
+    return jnp.maximum(x, jnp.zeros((), x.dtype))
+
+
+@lowering(aten.gelu.default, promote="default")
+def gelu(x, *, approximate="none"):
+    if approximate == "tanh":
+        inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)
+        return 0.5 * x * (1.0 + jnp.tanh(inner))
+    return 0.5 * x * (1.0 + jax.scipy.special.erf(x * (1.0 / math.sqrt(2.0))))
+
+
+@lowering(aten.silu.default, promote="default")
+def silu(x):
+    return x * jax.nn.sigmoid(x)
+
+
+@lowering(aten.hardtanh.default, promote="default")
+def hardtanh(x, min_val=-1.0, max_val=1.0):
+    return jnp.clip(x, min_val, max_val)
+
+
+@lowering(aten.leaky_relu.default, promote="default")
+def leaky_relu(x, negative_slope=0.01):
+    return jnp.where(x > 0, x, x * negative_slope)
+
+
+@lowering(aten.elu.default, promote="default")
+def elu(x, alpha=1.0, scale=1.0, input_scale=1.0):
+    return jnp.where(x > 0, x * scale, jnp.expm1(x * input_scale) * alpha * scale)
+
+
+@lowering(aten.softplus.default, promote="default")
+def softplus(x, beta=1.0, threshold=20.0):
+    bx = x * beta
+    return jnp.where(bx > threshold, x, jnp.log1p(jnp.exp(bx)) / beta)
+
+
+@lowering(aten.logit.default, promote="int_to_float")
+def logit(x, eps=None):
+    if eps is not None:
+        x = jnp.clip(x, eps, 1.0 - eps)
+    return jnp.log(x / (1.0 - x))
+
+
+# --- binary arithmetic ---------------------------------------------------------------------------
+
+
+@lowering(aten.add.Tensor, aten.add.Scalar, promote="default")
+def add(x, y, *, alpha=1):
+    if x.dtype == jnp.bool_:
+        return jnp.logical_or(x, jnp.logical_and(y, alpha))
+    return x + y * alpha if not (isinstance(alpha, int) and alpha == 1) else x + y
+
+
+@lowering(aten.sub.Tensor, aten.sub.Scalar, promote="default")
+def sub(x, y, *, alpha=1):
+    return x - y * alpha if not (isinstance(alpha, int) and alpha == 1) else x - y
+
+
+@lowering(aten.rsub.Tensor, aten.rsub.Scalar, promote="default")
+def rsub(x, y, *, alpha=1):
+    return y - x * alpha
+
+
+@lowering(aten.mul.Tensor, aten.mul.Scalar, promote="default")
+def mul(x, y):
+    if x.dtype == jnp.bool_:
+        return jnp.logical_and(x, y)
+    return x * y
+
+
+@lowering(aten.div.Tensor, aten.div.Scalar, promote="int_to_float")
+def div(x, y):
+    return x / y
+
+
+@lowering(aten.div.Tensor_mode, aten.div.Scalar_mode, promote="default")
+def div_mode(x, y, *, rounding_mode=None):
+    if rounding_mode is None:
+        return x / y
+    if jnp.issubdtype(x.dtype, jnp.integer):
+        if rounding_mode == "trunc":
+            return lax.div(x, y)  # C division truncates, like CPU PyTorch
+        return jnp.floor_divide(x, y)
+    if rounding_mode == "trunc":
+        return jnp.trunc(x / y)
+    return jnp.floor_divide(x, y)
+
+
+@lowering(aten.floor_divide.default, aten.floor_divide.Scalar, promote="default")
+def floor_divide(x, y):
+    return jnp.floor_divide(x, y)
+
+
+@lowering(aten.remainder.Tensor, aten.remainder.Scalar, promote="default")
+def remainder(x, y):
+    return jnp.remainder(x, y)
+
+
+@lowering(aten.remainder.Scalar_Tensor, promote="default")
+def remainder_scalar_tensor(x, y):
+    return jnp.remainder(x, y)
+
+
+@lowering(aten.fmod.Tensor, aten.fmod.Scalar, promote="default")
+def fmod(x, y):
+    return jnp.fmod(x, y)
+
+
+@lowering(aten.pow.Tensor_Tensor, promote="default")
+def pow_tt(x, y):
+    return jnp.power(x, y)
+
+
+@lowering(aten.pow.Tensor_Scalar, promote="default", static=("exponent",))
+def pow_ts(x, exponent):
+    """A static exponent lets XLA use repeated multiplication for integers, exactly like CPU."""
+    if isinstance(exponent, float) and exponent.is_integer() and abs(exponent) <= 64:
+        exponent = int(exponent)
+        if exponent < 0 and jnp.issubdtype(x.dtype, jnp.inexact):
+            return 1.0 / lax.integer_pow(x, -exponent)
+    if isinstance(exponent, int) and exponent >= 0:
+        return lax.integer_pow(x, exponent)
+    if exponent == 0.5:
+        return jnp.sqrt(x)
+    return jnp.power(x, exponent)
+
+
+@lowering(aten.pow.Scalar, promote="default")
+def pow_scalar(x, exponent):
+    return jnp.power(x, exponent)
+
+
+for _op, _fn in [
+    (aten.maximum.default, jnp.maximum),
+    (aten.minimum.default, jnp.minimum),
+    (aten.fmax.default, jnp.fmax),
+    (aten.fmin.default, jnp.fmin),
+    (aten.atan2.default, jnp.arctan2),
+    (aten.hypot.default, jnp.hypot),
+    (aten.copysign.Tensor, jnp.copysign),
+    (aten.copysign.Scalar, jnp.copysign),
+    (aten.nextafter.default, jnp.nextafter),
+    (aten.logaddexp.default, jnp.logaddexp),
+    (aten.logaddexp2.default, jnp.logaddexp2),
+]:
+    lowering(_op, promote="int_to_float" if _op in (aten.atan2.default, aten.hypot.default, aten.copysign.Tensor,
+                                                   aten.copysign.Scalar, aten.logaddexp.default,
+                                                   aten.logaddexp2.default) else "default")(_fn)
+
+
+@lowering(aten.xlogy.Tensor, aten.xlogy.Scalar_Other, aten.xlogy.Scalar_Self, promote="int_to_float")
+def xlogy(x, y):
+    return jax.scipy.special.xlogy(x, y)
+
+
+for _op, _fn in [
+    (aten.bitwise_and.Tensor, jnp.bitwise_and),
+    (aten.bitwise_and.Scalar, jnp.bitwise_and),
+    (aten.bitwise_or.Tensor, jnp.bitwise_or),
+    (aten.bitwise_or.Scalar, jnp.bitwise_or),
+    (aten.bitwise_xor.Tensor, jnp.bitwise_xor),
+    (aten.bitwise_xor.Scalar, jnp.bitwise_xor),
+]:
+    lowering(_op, promote="default")(_fn)
+
+
+@lowering(aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar, promote="default")
+def lshift(x, y):
+    bits = x.dtype.itemsize * 8
+    return jnp.where((y >= bits) | (y < 0), jnp.zeros((), x.dtype), jnp.left_shift(x, y.astype(x.dtype)))
+
+
+@lowering(aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar, promote="default")
+def rshift(x, y):
+    bits = x.dtype.itemsize * 8
+    y = y.astype(x.dtype)
+    over = (y >= bits) | (y < 0)
+    fill = jnp.where(x < 0, -1, 0).astype(x.dtype) if jnp.issubdtype(x.dtype, jnp.signedinteger) else 0
+    return jnp.where(over, fill, jnp.right_shift(x, jnp.where(over, 0, y)))
+
+
+for _op, _fn in [
+    (aten.logical_and.default, jnp.logical_and),
+    (aten.logical_or.default, jnp.logical_or),
+    (aten.logical_xor.default, jnp.logical_xor),
+]:
+    lowering(_op)(_fn)
+
+for _ops, _fn in [
+    ((aten.eq.Tensor, aten.eq.Scalar), jnp.equal),
+    ((aten.ne.Tensor, aten.ne.Scalar), jnp.not_equal),
+    ((aten.lt.Tensor, aten.lt.Scalar), jnp.less),
+    ((aten.le.Tensor, aten.le.Scalar), jnp.less_equal),
+    ((aten.gt.Tensor, aten.gt.Scalar), jnp.greater),
+    ((aten.ge.Tensor, aten.ge.Scalar), jnp.greater_equal),
+]:
+    lowering(*_ops, promote="always_bool")(_fn)
+
+
+# --- selection, clamping, fused arithmetic ----------------------------------------------------------
+
+
+@lowering(aten.where.self, promote="default", promote_args=("self", "other"))
+def where(cond, x, y):
+    return jnp.where(cond, x, y)
+
+
+@lowering(aten.clamp.default, promote="default")
+def clamp(x, min=None, max=None):
+    if min is not None:
+        x = jnp.maximum(x, min)
+    if max is not None:
+        x = jnp.minimum(x, max)
+    return x
+
+
+@lowering(aten.clamp.Tensor, promote="default")
+def clamp_tensor(x, min=None, max=None):
+    return clamp(x, min, max)
+
+
+@lowering(aten.clamp_min.default, aten.clamp_min.Tensor, promote="default")
+def clamp_min(x, min):
+    return jnp.maximum(x, min)
+
+
+@lowering(aten.clamp_max.default, aten.clamp_max.Tensor, promote="default")
+def clamp_max(x, max):
+    return jnp.minimum(x, max)
+
+
+@lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def masked_fill(x, mask, value):
+    return jnp.where(mask, jnp.asarray(value).astype(x.dtype), x)
+
+
+@lowering(aten.lerp.Scalar, aten.lerp.Tensor, promote="default")
+def lerp(start, end, weight):
+    """CPU PyTorch's two-sided formula, exact at weight 0 and 1."""
+    diff = end - start
+    return jnp.where(jnp.abs(weight) < 0.5, start + weight * diff, end - diff * (1 - weight))
+
+
+@lowering(aten.addcmul.default, promote="default")
+def addcmul(x, t1, t2, *, value=1):
+    return x + value * t1 * t2
+
+
+@lowering(aten.addcdiv.default, promote="int_to_float")
+def addcdiv(x, t1, t2, *, value=1):
+    return x + value * (t1 / t2)
+
+
+@lowering(aten.sigmoid_backward.default, promote="default")
+def sigmoid_backward(grad, y):
+    return grad * (1 - y) * y
+
+
+@lowering(aten.tanh_backward.default, promote="default")
+def tanh_backward(grad, y):
+    return grad * (1 - y * y)
+
+
+@lowering(aten.threshold_backward.default, promote="default")
+def threshold_backward(grad, x, threshold):
+    return jnp.where(x <= threshold, jnp.zeros((), grad.dtype), grad)
+
+
+@lowering(aten.threshold.default, promote="default")
+def threshold(x, threshold, value):
+    return jnp.where(x <= threshold, value, x)
+
+
+@lowering(aten.gelu_backward.default, promote="default")
+def gelu_backward(grad, x, *, approximate="none"):
+    _, vjp = jax.vjp(lambda v: gelu(v, approximate=approximate), x)
+    return vjp(grad)[0]
+
+
+@lowering(aten.silu_backward.default, promote="default")
+def silu_backward(grad, x):
+    s = jax.nn.sigmoid(x)
+    return grad * s * (1 + x * (1 - s))

@@ -1,0 +1,165 @@
+"""The CPU fallback: an op with no lowering runs in CPU PyTorch, counted and warned about.
+
+Never silently wrong: every fallback increments `metrics()["cpu_fallbacks"][op]`, warns once per
+op naming it, and emits a report event with the user's line; DEFERFUSE_NO_CPU_FALLBACK=1 turns it
+into a NotImplementedError naming the op.
+
+Where PyTorch's meta kernel knows the output shapes and the op mutates nothing, the fallback is
+*recorded* as a host node: the fuser splits programs around it and the rest of the flush still
+fuses. Otherwise the pending graph is flushed and the op runs at once.
+"""
+from __future__ import annotations
+
+import warnings
+
+import jax
+import numpy as np
+import torch
+
+from .. import engine, events, sources
+from ..config import CONFIG
+from ..dtypes import numpy_to_torch, to_jax_dtype, to_torch_dtype, torch_to_numpy
+from ..events import METRICS
+from ..meta import fill
+
+_warned: set[str] = set()
+
+
+def _note(func, reason: str) -> None:
+    name = str(func)
+    if CONFIG.no_cpu_fallback:
+        raise NotImplementedError(
+            f"'{name}' is not implemented for TPU in deferfuse ({reason}); "
+            "unset DEFERFUSE_NO_CPU_FALLBACK to let it run on CPU"
+        )
+    METRICS.cpu_fallbacks[name] += 1
+    where = sources.user_frame(3)
+    if name not in _warned:
+        _warned.add(name)
+        warnings.warn(
+            f"deferfuse: Falling back to CPU for '{name}' ({reason}); this copies its inputs to the host. "
+            "See deferfuse.metrics()['cpu_fallbacks'].",
+            UserWarning,
+            stacklevel=3,
+        )
+    events.emit("fallback", op=name, where=where, reason=reason)
+
+
+def run(func, args, kwargs, reason: str = "no lowering", record: bool = True):
+    _note(func, reason)
+    if record and not func._schema.is_mutable:
+        recorded = _try_record(func, args, kwargs)
+        if recorded is not NotImplemented:
+            return recorded
+    return run_now(func, args, kwargs)
+
+
+def _try_record(func, args, kwargs):
+    from ..dispatch import _RECIPES, _make_recipe, emit, spec_of
+    from ..meta import signature
+
+    spec = spec_of(func)
+    try:
+        key, tensors, scalars = signature(spec, args, kwargs)
+    except (RuntimeError, TypeError):
+        return NotImplemented
+    hkey = ("host", key)
+    r = _RECIPES.get(hkey)
+    if r is None:
+        try:
+            r = _make_recipe(func, spec, key, args, kwargs, low=None, host=True)
+        except NotImplementedError:
+            return NotImplemented
+        except RuntimeError as e:
+            if "meta" in str(e).lower():
+                return NotImplemented
+            raise
+        _RECIPES[hkey] = r
+    return emit(r, tensors, scalars)
+
+
+def _to_cpu(obj, cause="cpu_fallback"):
+    from ..tensor import TpuTensor
+
+    if isinstance(obj, TpuTensor):
+        from ..special import to_host
+
+        return to_host(obj, cause)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(x, cause) for x in obj)
+    if isinstance(obj, torch.device) and obj.type == "tpu":
+        return torch.device("cpu")
+    if isinstance(obj, str) and obj.startswith("tpu"):
+        return "cpu"
+    return obj
+
+
+def run_now(func, args, kwargs):
+    """Flush, copy inputs to the host, run on CPU, copy results (and mutated inputs) back."""
+    from ..tensor import TpuTensor, from_concrete, host_to_jax
+
+    cargs = _to_cpu(args)
+    ckwargs = {k: _to_cpu(v) for k, v in kwargs.items()}
+    with torch.utils._python_dispatch._disable_current_modes():
+        out = func(*cargs, **ckwargs)
+    schema = func._schema
+    written = {}
+    for i, a in enumerate(schema.arguments):
+        if a.alias_info is None or not a.alias_info.is_write:
+            continue
+        orig = args[i] if i < len(args) and not a.kwarg_only else kwargs.get(a.name)
+        new = cargs[i] if i < len(args) and not a.kwarg_only else ckwargs.get(a.name)
+        for o, n in zip(orig if isinstance(orig, (list, tuple)) else [orig],
+                        new if isinstance(new, (list, tuple)) else [new]):
+            if isinstance(o, TpuTensor):
+                if tuple(o.shape) != tuple(n.shape):
+                    from ..special import resize
+
+                    resize(o, tuple(n.shape))
+                engine.write_concrete(o, host_to_jax(n))
+                written[id(n)] = o
+
+    def back(x):
+        if isinstance(x, torch.Tensor):
+            if id(x) in written:
+                return written[id(x)]
+            return from_concrete(host_to_jax(x), x.dtype)
+        if isinstance(x, (list, tuple)):
+            return type(x)(back(y) for y in x)
+        return x
+
+    return back(out)
+
+
+def host_fn(func, tmpl, outs):
+    """The trace-free body of a recorded host node: jax arrays in, jax arrays out."""
+    from . import finalize
+
+    name = str(func)
+
+    def fn(ins, scs):
+        tins = [numpy_to_torch(np.asarray(x), to_torch_dtype(x.dtype)) for x in ins]
+        tscs = [
+            numpy_to_torch(np.asarray(s), to_torch_dtype(np.asarray(s).dtype)).reshape(())
+            if isinstance(s, (np.ndarray, np.generic, jax.Array))
+            else s
+            for s in scs
+        ]
+        args = _to_cpu(fill(tmpl[0], tins, tscs))
+        kwargs = {k: _to_cpu(v) for k, v in fill(tmpl[1], tins, tscs).items()}
+        with torch.utils._python_dispatch._disable_current_modes():
+            res = func(*args, **kwargs)
+        leaves = res if isinstance(res, (list, tuple)) else [res]
+        flat = []
+        for r in leaves:
+            if isinstance(r, (list, tuple)):
+                flat.extend(r)
+            else:
+                flat.append(r)
+        arrays = [jax.device_put(np.array(torch_to_numpy(r), copy=True)) for r in flat]
+        return finalize(name, arrays, outs)
+
+    return fn
+
+
+__all__ = ["run", "run_now", "host_fn", "to_jax_dtype"]

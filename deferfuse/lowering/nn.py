@@ -1,0 +1,217 @@
+"""Neural-network ops: softmax, normalisations, convolution, pooling.
+
+Normalisation statistics are computed in float32 for half inputs, as CPU PyTorch does. Backward
+ops without a PyTorch decomposition are lowered as the VJP of the forward lowering, so forward and
+backward cannot drift apart.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .registry import aten, lowering
+
+_HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+
+
+def _up(x):
+    return x.astype(jnp.float32) if x.dtype in _HALF else x
+
+
+@lowering(aten._softmax.default, family="norm")
+def softmax(x, dim, half_to_float):
+    if x.ndim == 0:
+        return jnp.ones_like(_up(x))
+    return jax.nn.softmax(_up(x), axis=dim % x.ndim)
+
+
+@lowering(aten._log_softmax.default, family="norm")
+def log_softmax(x, dim, half_to_float):
+    if x.ndim == 0:
+        return jnp.zeros_like(_up(x))
+    return jax.nn.log_softmax(_up(x), axis=dim % x.ndim)
+
+
+@lowering(aten.native_layer_norm.default, family="norm")
+def native_layer_norm(x, normalized_shape, weight, bias, eps):
+    axis = x.ndim - len(normalized_shape)
+    axes = tuple(range(axis, x.ndim))
+    xf = _up(x)
+    mean = jnp.mean(xf, axis=axes, keepdims=True)
+    centered = xf - mean
+    var = jnp.mean(centered * centered, axis=axes, keepdims=True)
+    rstd = lax.rsqrt(var + eps)
+    out = centered * rstd
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return out, mean, rstd
+
+
+@lowering(aten.native_group_norm.default, family="norm")
+def native_group_norm(x, weight, bias, N, C, HxW, group, eps):
+    xf = _up(x).reshape(N, group, -1)
+    mean = jnp.mean(xf, axis=-1)
+    centered = xf - mean[..., None]
+    var = jnp.mean(centered * centered, axis=-1)
+    rstd = lax.rsqrt(var + eps)
+    out = (centered * rstd[..., None]).reshape(x.shape)
+    bshape = (1, C) + (1,) * (x.ndim - 2)
+    if weight is not None:
+        out = out * weight.reshape(bshape)
+    if bias is not None:
+        out = out + bias.reshape(bshape)
+    return out, mean, rstd
+
+
+def _bn_stats(xf):
+    axes = (0,) + tuple(range(2, xf.ndim))
+    mean = jnp.mean(xf, axis=axes)
+    bshape = (1, -1) + (1,) * (xf.ndim - 2)
+    var = jnp.mean(jnp.square(xf - mean.reshape(bshape)), axis=axes)
+    return mean, var, axes, bshape
+
+
+@lowering(aten._native_batch_norm_legit_functional.default, family="norm")
+def batch_norm_functional(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    xf = _up(x)
+    n = x.size // x.shape[1] if x.ndim > 1 else x.size
+    if training:
+        mean, var, axes, bshape = _bn_stats(xf)
+        rstd = lax.rsqrt(var + eps)
+        new_mean = running_mean * (1 - momentum) + mean * momentum
+        new_var = running_var * (1 - momentum) + var * (n / max(n - 1, 1)) * momentum
+    else:
+        bshape = (1, -1) + (1,) * (xf.ndim - 2)
+        mean, rstd = running_mean, lax.rsqrt(running_var + eps)
+        new_mean, new_var = running_mean, running_var
+    out = (xf - mean.reshape(bshape)) * rstd.reshape(bshape)
+    if weight is not None:
+        out = out * weight.reshape(bshape)
+    if bias is not None:
+        out = out + bias.reshape(bshape)
+    save_mean = mean if training else jnp.zeros((0,), xf.dtype)
+    save_rstd = rstd if training else jnp.zeros((0,), xf.dtype)
+    return out, save_mean, save_rstd, new_mean, new_var
+
+
+@lowering(aten._native_batch_norm_legit_no_training.default, family="norm")
+def batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum, eps):
+    out, _, _, _, _ = batch_norm_functional(x, weight, bias, running_mean, running_var, False, momentum, eps)
+    return out, jnp.zeros((0,), out.dtype), jnp.zeros((0,), out.dtype)
+
+
+# --- convolution -----------------------------------------------------------------------------------
+
+_DN = {1: ("NCH", "OIH", "NCH"), 2: ("NCHW", "OIHW", "NCHW"), 3: ("NCDHW", "OIDHW", "NCDHW")}
+
+
+def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
+    nd = x.ndim - 2
+    stride, padding, dilation = list(stride), list(padding), list(dilation)
+    if len(stride) == 1 and nd > 1:
+        stride = stride * nd
+    if len(padding) == 1 and nd > 1:
+        padding = padding * nd
+    if len(dilation) == 1 and nd > 1:
+        dilation = dilation * nd
+    if not transposed:
+        return lax.conv_general_dilated(
+            x, w, window_strides=stride, padding=[(p, p) for p in padding], rhs_dilation=dilation,
+            dimension_numbers=_DN[nd], feature_group_count=groups,
+        )
+    # transposed conv = the gradient of a conv: dilate the input by the stride, flip the kernel,
+    # swap its in/out channels within each group
+    cin, cout_g = w.shape[0], w.shape[1]
+    k = w.shape[2:]
+    wg = w.reshape((groups, cin // groups, cout_g) + k)
+    wg = jnp.swapaxes(wg, 1, 2).reshape((groups * cout_g, cin // groups) + k)
+    wg = jnp.flip(wg, axis=tuple(range(2, 2 + nd)))
+    op = list(output_padding) if output_padding else [0] * nd
+    if len(op) == 1 and nd > 1:
+        op = op * nd
+    pads = [(dilation[i] * (k[i] - 1) - padding[i], dilation[i] * (k[i] - 1) - padding[i] + op[i]) for i in range(nd)]
+    return lax.conv_general_dilated(
+        x, wg, window_strides=[1] * nd, padding=pads, lhs_dilation=stride, rhs_dilation=dilation,
+        dimension_numbers=_DN[nd], feature_group_count=groups,
+    )
+
+
+@lowering(aten.convolution.default, family="conv", promote="default", promote_args=("input", "weight", "bias"))
+def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    out = _conv(x, w, stride, padding, dilation, transposed, output_padding, groups)
+    if bias is not None:
+        out = out + bias.reshape((1, -1) + (1,) * (out.ndim - 2))
+    return out
+
+
+@lowering(aten.convolution_backward.default, family="conv")
+def convolution_backward(grad, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
+                         output_mask):
+    def fwd(xx, ww):
+        return _conv(xx, ww, stride, padding, dilation, transposed, output_padding, groups)
+
+    _, vjp = jax.vjp(fwd, x, w)
+    gx, gw = vjp(grad.astype(x.dtype))
+    gb = jnp.sum(grad, axis=(0,) + tuple(range(2, grad.ndim))) if output_mask[2] else None
+    return (gx if output_mask[0] else None, gw if output_mask[1] else None, gb)
+
+
+# --- pooling -----------------------------------------------------------------------------------------
+
+
+def _pool_geometry(n, k, s, p, ceil_mode):
+    out = (n + 2 * p - k + ((s - 1) if ceil_mode else 0)) // s + 1
+    if ceil_mode and (out - 1) * s >= n + p:
+        out -= 1
+    hi = (out - 1) * s + k - n - p
+    return out, hi
+
+
+def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    nd = len(kernel_size)
+    sp = x.shape[-nd:]
+    stride = list(stride) or list(kernel_size)
+    padding = list(padding) if len(padding) == nd else list(padding) * nd
+    pads = []
+    for i in range(nd):
+        _, hi = _pool_geometry(sp[i], kernel_size[i], stride[i], padding[i], ceil_mode)
+        pads.append((padding[i], max(hi, 0)))
+    lead = x.ndim - nd
+    window = (1,) * lead + tuple(kernel_size)
+    strides = (1,) * lead + tuple(stride)
+    full_pad = [(0, 0)] * lead + pads
+    xf = _up(x)
+    total = lax.reduce_window(xf, 0.0, lax.add, window, strides, full_pad)
+    if divisor_override:
+        return total / divisor_override
+    if count_include_pad:
+        ones = jnp.ones(tuple(sp[i] + 2 * padding[i] for i in range(nd)), xf.dtype)
+        extra = [(0, max(pads[i][1] - padding[i], 0)) for i in range(nd)]
+        count = lax.reduce_window(ones, 0.0, lax.add, tuple(kernel_size), tuple(stride), extra)
+    else:
+        ones = jnp.ones(sp, xf.dtype)
+        count = lax.reduce_window(ones, 0.0, lax.add, tuple(kernel_size), tuple(stride), pads)
+    return total / count
+
+
+@lowering(aten.avg_pool2d.default, aten.avg_pool3d.default, family="conv")
+def avg_pool(x, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True,
+             divisor_override=None):
+    ks = list(kernel_size)
+    nd = 2 if len(x.shape) and ks and len(ks) <= 2 else 3
+    if len(ks) == 1:
+        ks = ks * nd
+    st = list(stride) if stride else ks
+    if len(st) == 1:
+        st = st * nd
+    return _avg_pool(x, ks, st, list(padding), ceil_mode, count_include_pad, divisor_override)
+
+
+@lowering(aten.avg_pool2d_backward.default, aten.avg_pool3d_backward.default, family="conv")
+def avg_pool_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    _, vjp = jax.vjp(lambda v: avg_pool(v, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                                        divisor_override).astype(v.dtype), x)
+    return vjp(grad.astype(x.dtype))[0]

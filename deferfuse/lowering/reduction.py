@@ -1,0 +1,201 @@
+"""Reductions and scans.
+
+Half-precision inputs accumulate in float32, as CPU PyTorch does, and the result is cast to the
+dtype PyTorch's meta kernel reports. An empty `dim` list means "all dims" where PyTorch says so.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ..dtypes import to_jax_dtype
+from .registry import aten, lowering
+
+_HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+
+
+def _axes(x, dim):
+    if dim is None:
+        return None
+    if isinstance(dim, int):
+        dim = [dim]
+    if len(dim) == 0:
+        return None
+    nd = max(x.ndim, 1)
+    return tuple(sorted(d % nd for d in dim)) if x.ndim else None
+
+
+def _acc(x, out_dtype):
+    """The dtype to accumulate in: the output dtype, widened from half types to float32."""
+    jd = to_jax_dtype(out_dtype)
+    if jd in _HALF:
+        return x.astype(jnp.float32)
+    return x.astype(jd)
+
+
+@lowering(aten.sum.default, family="reduction", ctx=True)
+def sum_all(ctx, x, *, dtype=None):
+    return jnp.sum(_acc(x, ctx.out_dtype))
+
+
+@lowering(aten.sum.dim_IntList, family="reduction", ctx=True)
+def sum_dim(ctx, x, dim, keepdim=False, *, dtype=None):
+    return jnp.sum(_acc(x, ctx.out_dtype), axis=_axes(x, dim), keepdims=keepdim)
+
+
+@lowering(aten.mean.default, family="reduction", ctx=True)
+def mean_all(ctx, x, *, dtype=None):
+    return jnp.mean(_acc(x, ctx.out_dtype))
+
+
+@lowering(aten.mean.dim, family="reduction", ctx=True)
+def mean_dim(ctx, x, dim, keepdim=False, *, dtype=None):
+    return jnp.mean(_acc(x, ctx.out_dtype), axis=_axes(x, dim), keepdims=keepdim)
+
+
+@lowering(aten.prod.default, family="reduction", ctx=True)
+def prod_all(ctx, x, *, dtype=None):
+    return jnp.prod(_acc(x, ctx.out_dtype))
+
+
+@lowering(aten.prod.dim_int, family="reduction", ctx=True)
+def prod_dim(ctx, x, dim, keepdim=False, *, dtype=None):
+    return jnp.prod(_acc(x, ctx.out_dtype), axis=dim % max(x.ndim, 1) if x.ndim else None, keepdims=keepdim)
+
+
+@lowering(aten.amax.default, family="reduction")
+def amax(x, dim=(), keepdim=False):
+    return jnp.max(x, axis=_axes(x, dim), keepdims=keepdim)
+
+
+@lowering(aten.amin.default, family="reduction")
+def amin(x, dim=(), keepdim=False):
+    return jnp.min(x, axis=_axes(x, dim), keepdims=keepdim)
+
+
+@lowering(aten.max.default, family="reduction")
+def max_all(x):
+    return jnp.max(x)
+
+
+@lowering(aten.min.default, family="reduction")
+def min_all(x):
+    return jnp.min(x)
+
+
+def _arg_first(x, axis, keepdims, take_max):
+    """First index of the extremum, NaN counting as the extremum (CPU PyTorch's rule)."""
+    if x.dtype == jnp.bool_:
+        x = x.astype(jnp.int8)
+    return (jnp.argmax if take_max else jnp.argmin)(x, axis=axis, keepdims=keepdims)
+
+
+@lowering(aten.max.dim, family="reduction")
+def max_dim(x, dim, keepdim=False):
+    axis = dim % max(x.ndim, 1) if x.ndim else None
+    return jnp.max(x, axis=axis, keepdims=keepdim), _arg_first(x, axis, keepdim, True)
+
+
+@lowering(aten.min.dim, family="reduction")
+def min_dim(x, dim, keepdim=False):
+    axis = dim % max(x.ndim, 1) if x.ndim else None
+    return jnp.min(x, axis=axis, keepdims=keepdim), _arg_first(x, axis, keepdim, False)
+
+
+@lowering(aten.argmax.default, family="reduction")
+def argmax(x, dim=None, keepdim=False):
+    if dim is None:
+        return _arg_first(x.reshape(-1), 0, False, True)
+    return _arg_first(x, dim % max(x.ndim, 1) if x.ndim else None, keepdim, True)
+
+
+@lowering(aten.argmin.default, family="reduction")
+def argmin(x, dim=None, keepdim=False):
+    if dim is None:
+        return _arg_first(x.reshape(-1), 0, False, False)
+    return _arg_first(x, dim % max(x.ndim, 1) if x.ndim else None, keepdim, False)
+
+
+def _var(x, dim, correction, keepdim):
+    correction = 1 if correction is None else correction
+    xf = x.astype(jnp.float32) if x.dtype in _HALF else x
+    return jnp.var(xf, axis=_axes(x, dim), ddof=correction, keepdims=keepdim)
+
+
+@lowering(aten.var.correction, family="reduction")
+def var(x, dim=None, *, correction=None, keepdim=False):
+    return _var(x, dim, correction, keepdim)
+
+
+@lowering(aten.std.correction, family="reduction")
+def std(x, dim=None, *, correction=None, keepdim=False):
+    return jnp.sqrt(_var(x, dim, correction, keepdim))
+
+
+@lowering(aten.var_mean.correction, family="reduction")
+def var_mean(x, dim=None, *, correction=None, keepdim=False):
+    xf = x.astype(jnp.float32) if x.dtype in _HALF else x
+    return _var(x, dim, correction, keepdim), jnp.mean(xf, axis=_axes(x, dim), keepdims=keepdim)
+
+
+@lowering(aten.std_mean.correction, family="reduction")
+def std_mean(x, dim=None, *, correction=None, keepdim=False):
+    v, m = var_mean(x, dim, correction=correction, keepdim=keepdim)
+    return jnp.sqrt(v), m
+
+
+@lowering(aten.any.default, family="reduction")
+def any_all(x):
+    return jnp.any(x != 0)
+
+
+@lowering(aten.all.default, family="reduction")
+def all_all(x):
+    return jnp.all(x != 0)
+
+
+@lowering(aten.any.dim, aten.any.dims, family="reduction")
+def any_dim(x, dim=None, keepdim=False):
+    return jnp.any(x != 0, axis=_axes(x, dim), keepdims=keepdim)
+
+
+@lowering(aten.all.dim, aten.all.dims, family="reduction")
+def all_dim(x, dim=None, keepdim=False):
+    return jnp.all(x != 0, axis=_axes(x, dim), keepdims=keepdim)
+
+
+@lowering(aten.logsumexp.default, family="reduction", ctx=True)
+def logsumexp(ctx, x, dim, keepdim=False):
+    xf = _acc(x, ctx.out_dtype)
+    return jax.nn.logsumexp(xf, axis=_axes(x, dim), keepdims=keepdim)
+
+
+@lowering(aten.cumsum.default, family="reduction", ctx=True)
+def cumsum(ctx, x, dim, *, dtype=None):
+    if x.ndim == 0:
+        return _acc(x, ctx.out_dtype)
+    return jnp.cumsum(_acc(x, ctx.out_dtype), axis=dim % x.ndim)
+
+
+@lowering(aten.cumprod.default, family="reduction", ctx=True)
+def cumprod(ctx, x, dim, *, dtype=None):
+    if x.ndim == 0:
+        return _acc(x, ctx.out_dtype)
+    return jnp.cumprod(_acc(x, ctx.out_dtype), axis=dim % x.ndim)
+
+
+@lowering(aten.linalg_vector_norm.default, family="reduction", static=("ord",), ctx=True)
+def vector_norm(ctx, x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    a = jnp.abs(_acc(x, ctx.out_dtype) if not jnp.issubdtype(x.dtype, jnp.complexfloating) else x)
+    axes = _axes(x, dim)
+    if ord == float("inf"):
+        return jnp.max(a, axis=axes, keepdims=keepdim)
+    if ord == float("-inf"):
+        return jnp.min(a, axis=axes, keepdims=keepdim)
+    if ord == 0:
+        return jnp.sum((a != 0).astype(a.dtype), axis=axes, keepdims=keepdim)
+    if ord == 1:
+        return jnp.sum(a, axis=axes, keepdims=keepdim)
+    if ord == 2:
+        return jnp.sqrt(jnp.sum(a * a, axis=axes, keepdims=keepdim))
+    return jnp.sum(a**ord, axis=axes, keepdims=keepdim) ** (1.0 / ord)

@@ -1,0 +1,107 @@
+"""The lowering table: one small decorated function per ATen overload.
+
+A lowering takes JAX arrays and Python (or traced) scalars in the ATen argument order and returns
+JAX arrays. It never sees torch tensors, the graph, the cache or the executors, so the same
+function serves Strict, Debug and DeferAndFuse. Everything else about the op is declared in the
+decorator, in one statement:
+
+- `family`: what the fuser and the report group it with (elementwise, reduction, matmul, ...).
+- `promote`: a PyTorch type-promotion kind; inputs are cast to the computation dtype (float32
+  for half types, as CPU PyTorch computes them) and the result to the result dtype.
+- `static`: Scalar arguments whose *value* matters to the program (a norm's order, an
+  exponent); every other Scalar is a runtime input so a changing value never recompiles.
+- `supports`: a predicate over meta arguments; calls outside it take the CPU fallback.
+- `rng=True`: the op gets a fresh JAX key as keyword `key`.
+- `ctx=True`: the function's first argument is a `LowerCtx` (output avals, meta inputs).
+
+Registering the same overload twice is an error at import.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+aten = torch.ops.aten
+
+PROMOTE = {
+    "default": ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT,
+    "no_opmath": ELEMENTWISE_TYPE_PROMOTION_KIND.NO_OPMATH,
+    "int_to_float": ELEMENTWISE_TYPE_PROMOTION_KIND.INT_TO_FLOAT,
+    "always_bool": ELEMENTWISE_TYPE_PROMOTION_KIND.ALWAYS_BOOL,
+    "complex_to_float": ELEMENTWISE_TYPE_PROMOTION_KIND.COMPLEX_TO_FLOAT,
+    "bool_to_long": ELEMENTWISE_TYPE_PROMOTION_KIND.BOOL_TO_LONG,
+}
+
+FAMILIES = frozenset(
+    {"elementwise", "reduction", "matmul", "conv", "norm", "index", "view", "creation", "random", "foreach", "misc"}
+)
+
+
+@dataclass(frozen=True)
+class Lowering:
+    op: Any
+    fn: Callable
+    family: str
+    promote: str | None
+    promote_args: tuple[str, ...] | None
+    static: tuple[str, ...]
+    supports: Callable | None
+    rng: bool
+    ctx: bool
+
+
+LOWERINGS: dict[Any, Lowering] = {}
+
+
+def lowering(
+    *ops,
+    family: str = "elementwise",
+    promote: str | None = None,
+    promote_args: tuple[str, ...] | None = None,
+    static: tuple[str, ...] = (),
+    supports: Callable | None = None,
+    rng: bool = False,
+    ctx: bool = False,
+):
+    if family not in FAMILIES:
+        raise ValueError(f"unknown lowering family {family!r}")
+    if promote is not None and promote not in PROMOTE:
+        raise ValueError(f"unknown promotion kind {promote!r}")
+
+    def register(fn):
+        for op in ops:
+            if op in LOWERINGS:
+                raise RuntimeError(f"deferfuse: {op} has two lowerings ({LOWERINGS[op].fn.__name__}, {fn.__name__})")
+            LOWERINGS[op] = Lowering(op, fn, family, promote, promote_args, tuple(static), supports, rng, ctx)
+        return fn
+
+    return register
+
+
+class LowerCtx:
+    """What a lowering may ask about its call: output avals and meta versions of its inputs."""
+
+    __slots__ = ("out_shapes", "out_dtypes", "meta_args", "meta_kwargs", "key")
+
+    def __init__(self, out_shapes, out_dtypes, meta_args, meta_kwargs, key=None):
+        self.out_shapes = out_shapes
+        self.out_dtypes = out_dtypes
+        self.meta_args = meta_args
+        self.meta_kwargs = meta_kwargs
+        self.key = key
+
+    @property
+    def out_dtype(self) -> torch.dtype:
+        return self.out_dtypes[0]
+
+    @property
+    def out_shape(self) -> tuple:
+        return self.out_shapes[0]
+
+
+def promotion_dtypes(kind: str, participants: list) -> tuple[torch.dtype, torch.dtype]:
+    """(computation dtype, result dtype) by PyTorch's rules; participants are meta tensors/scalars."""
+    return elementwise_dtypes(*participants, type_promotion_kind=PROMOTE[kind])

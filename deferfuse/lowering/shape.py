@@ -1,0 +1,103 @@
+"""Ops that move data around without arithmetic: cat, pad, flip, roll, repeat, triangles,
+and the *_scatter ops that write one view into a copy of its base.
+
+True views (view, transpose, slice, select, expand, ...) need no lowering at all: they are
+metadata over a shared storage (see views.py).
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from ..dtypes import to_jax_dtype
+from .registry import aten, lowering
+
+
+@lowering(aten.cat.default, family="misc", ctx=True)
+def cat(ctx, tensors, dim=0):
+    jd = to_jax_dtype(ctx.out_dtype)
+    nd = len(ctx.out_shape)
+    # PyTorch still accepts legacy empty 1-D tensors next to tensors of any rank
+    parts = [t.astype(jd) for t in tensors if not (t.ndim == 1 and t.shape[0] == 0 and nd != 1)]
+    if not parts:
+        return jnp.zeros(ctx.out_shape, jd)
+    return jnp.concatenate(parts, axis=dim % nd)
+
+
+@lowering(aten._unsafe_view.default, aten.view_copy.default, aten._reshape_copy.default, family="misc", ctx=True)
+def reshape_copy(ctx, x, size):
+    return x.reshape(ctx.out_shape)
+
+
+@lowering(aten.constant_pad_nd.default, family="misc")
+def constant_pad_nd(x, pad, value=0):
+    cfg = [(0, 0, 0)] * x.ndim
+    for i in range(len(pad) // 2):
+        d = x.ndim - 1 - i
+        cfg[d] = (pad[2 * i], pad[2 * i + 1], 0)
+    return lax.pad(x, jnp.asarray(value).astype(x.dtype), cfg)
+
+
+@lowering(aten.flip.default, family="misc")
+def flip(x, dims):
+    return jnp.flip(x, axis=tuple(d % x.ndim for d in dims)) if x.ndim else x
+
+
+@lowering(aten.roll.default, family="misc")
+def roll(x, shifts, dims=()):
+    if not dims:
+        return jnp.roll(x.reshape(-1), shifts[0]).reshape(x.shape)
+    return jnp.roll(x, tuple(shifts), axis=tuple(dims))
+
+
+@lowering(aten.repeat.default, family="misc")
+def repeat(x, repeats):
+    lead = len(repeats) - x.ndim
+    x = x.reshape((1,) * lead + x.shape)
+    return jnp.tile(x, tuple(repeats))
+
+
+@lowering(aten.tril.default, family="misc")
+def tril(x, diagonal=0):
+    return jnp.tril(x, diagonal)
+
+
+@lowering(aten.triu.default, family="misc")
+def triu(x, diagonal=0):
+    return jnp.triu(x, diagonal)
+
+
+@lowering(aten.select_scatter.default, family="misc")
+def select_scatter(x, src, dim, index):
+    dim %= x.ndim
+    idx = [slice(None)] * x.ndim
+    idx[dim] = index
+    return x.at[tuple(idx)].set(src.astype(x.dtype))
+
+
+@lowering(aten.slice_scatter.default, family="misc")
+def slice_scatter(x, src, dim=0, start=None, end=None, step=1):
+    dim %= x.ndim
+    idx = [slice(None)] * x.ndim
+    idx[dim] = slice(start, end, step)
+    return x.at[tuple(idx)].set(src.astype(x.dtype))
+
+
+@lowering(aten.diagonal_scatter.default, family="misc")
+def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
+    d1, d2 = dim1 % x.ndim, dim2 % x.ndim
+    length = src.shape[-1]
+    i = jnp.arange(length)
+    r = i + max(-offset, 0)
+    c = i + max(offset, 0)
+    moved = jnp.moveaxis(x, (d1, d2), (-2, -1))
+    moved = moved.at[..., r, c].set(src.astype(x.dtype))
+    return jnp.moveaxis(moved, (-2, -1), (d1, d2))
+
+
+@lowering(aten.as_strided_scatter.default, family="misc")
+def as_strided_scatter(x, src, size, stride, storage_offset=None):
+    from .. import views
+
+    plan = views.plan_view((x.size,), tuple(size), tuple(stride), storage_offset or 0)
+    return views.write(x.reshape(-1), plan, storage_offset or 0, src).reshape(x.shape)

@@ -1,0 +1,127 @@
+"""`deferfuse.mode(...)`: a TorchDispatchMode that selects the executor for a block of code.
+
+Outside any block, "tpu" ops run in the default mode (Strict, or as TORCH_TPU_DEFER_AND_FUSE /
+TORCH_TPU_LAUNCH_BLOCKING say). Inside a block, the mode intercepts every ATen call first: calls
+that touch a tpu tensor or create one go to deferfuse's dispatcher under the block's executor;
+everything else runs as usual. The executor stack is process-wide (not thread-local) because
+PyTorch runs backward on its own device thread.
+"""
+from __future__ import annotations
+
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .config import CONFIG
+from .executors.base import EagerMode, Executor
+from .executors.debug import DebugExecutor
+from .executors.deferred import DeferredExecutor
+from .executors.strict import StrictExecutor
+from .tensor import TpuTensor
+
+EXECUTORS: dict[EagerMode, Executor] = {
+    EagerMode.STRICT: StrictExecutor(),
+    EagerMode.DEBUG: DebugExecutor(),
+    EagerMode.DEFER_AND_FUSE: DeferredExecutor(),
+}
+
+
+def _env_default() -> EagerMode:
+    if CONFIG.launch_blocking:
+        return EagerMode.DEBUG
+    if CONFIG.defer_and_fuse:
+        return EagerMode.DEFER_AND_FUSE
+    return EagerMode.STRICT
+
+
+_default: list[Executor] = [EXECUTORS[_env_default()]]
+_stack: list[Executor] = []
+
+
+def current() -> Executor:
+    return _stack[-1] if _stack else _default[0]
+
+
+def as_mode(kind: "str | EagerMode") -> EagerMode:
+    try:
+        return EagerMode(kind.value if isinstance(kind, EagerMode) else str(kind).lower())
+    except ValueError:
+        raise ValueError(
+            f"unknown deferfuse mode {kind!r}; expected one of 'defer_and_fuse', 'strict', 'debug'"
+        ) from None
+
+
+def set_default_mode(kind: "str | EagerMode") -> None:
+    """Change the mode used outside `with deferfuse.mode()` blocks; pending work is flushed first."""
+    from . import engine
+
+    new = EXECUTORS[as_mode(kind)]
+    if new is not _default[0]:
+        engine.flush("mode_change")
+    _default[0] = new
+
+
+def get_default_mode() -> EagerMode:
+    return _default[0].kind
+
+
+def _touches_tpu(types, args, kwargs) -> bool:
+    if TpuTensor in types:
+        return True
+    dev = kwargs.get("device")
+    if dev is not None and str(dev).startswith("tpu"):
+        return True
+    for a in args:
+        if isinstance(a, (list, tuple)):
+            if any(type(x) is TpuTensor for x in a):
+                return True
+    return False
+
+
+class DeferfuseMode(TorchDispatchMode):
+    """Context manager selecting Strict, Debug or DeferAndFuse for the code inside it."""
+
+    def __init__(self, kind: "str | EagerMode" = EagerMode.DEFER_AND_FUSE):
+        super().__init__()
+        self.kind = as_mode(kind)
+        self.executor = EXECUTORS[self.kind]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if _touches_tpu(types, args, kwargs):
+            from .dispatch import dispatch
+
+            return dispatch(func, args, kwargs)
+        return func(*args, **kwargs)
+
+    def __enter__(self):
+        _stack.append(self.executor)
+        try:
+            return super().__enter__()
+        except BaseException:
+            _stack.pop()
+            raise
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            super().__exit__(exc_type, exc, tb)
+        finally:
+            _stack.pop()
+        if exc_type is None:
+            self.executor.on_exit()
+        else:
+            from . import engine
+
+            # the block raised: still run what was recorded so live tensors stay valid, but let
+            # the user's exception, not a secondary flush failure, be the one they see
+            try:
+                engine.flush("mode_exit")
+            except Exception:  # noqa: BLE001 - failed storages keep the error and re-raise on use
+                pass
+        return False
+
+    def __repr__(self):
+        return f"deferfuse.mode({self.kind.value!r})"
+
+
+def mode(kind: "str | EagerMode" = EagerMode.DEFER_AND_FUSE) -> DeferfuseMode:
+    """`with deferfuse.mode():` runs the block in DeferAndFuse; also "strict" and "debug"."""
+    return DeferfuseMode(kind)

@@ -1,0 +1,334 @@
+"""Ops that are not computations: host transfers, copies, uninitialised memory, scalar reads,
+and ops whose output shape depends on data.
+
+Host reads are the sync points of DeferAndFuse: each flushes with its cause (`item`, `bool`,
+`print`, `to_cpu`, `data_dependent`, ...) and the user's source line.
+"""
+from __future__ import annotations
+
+import time
+
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from . import engine, mode, sources, tensor
+from .config import CONFIG
+from .dtypes import to_jax_dtype
+from .events import METRICS
+from .graph import Op
+from .meta import run_meta
+from .tensor import LAYOUTS, Storage, TpuTensor, from_concrete, host_to_jax, jax_to_host, layout_id, new_tensor
+
+aten = torch.ops.aten
+
+
+def _where():
+    return sources.user_frame(3)
+
+
+# --- reads to the host -------------------------------------------------------------------------
+
+
+def to_host(t: TpuTensor, default_cause: str) -> torch.Tensor:
+    cause = tensor.sync_cause() or default_cause
+    arr = engine.concrete(t, cause, _where())
+    t0 = time.perf_counter()
+    out = jax_to_host(arr, t.dtype)
+    METRICS.sync_wait_seconds += time.perf_counter() - t0
+    return out
+
+
+def route_local_scalar_dense(func, args, kwargs):
+    host = to_host(args[0], "item")
+    return host.item()
+
+
+def route_to_copy(func, args, kwargs):
+    x = args[0]
+    device = kwargs.get("device")
+    dtype = kwargs.get("dtype")
+    if isinstance(x, TpuTensor):
+        if device is not None and torch.device(device).type != "tpu":
+            host = to_host(x, "to_cpu")
+            if dtype is not None and dtype != host.dtype:
+                host = host.to(dtype)
+            size, stride, _ = LAYOUTS[x._lid]
+            if host.stride() != stride and kwargs.get("memory_format") in (None, torch.preserve_format):
+                if _dense(size, stride):
+                    host = torch.empty_strided(size, stride, dtype=host.dtype).copy_(host)
+            return host.to(device) if torch.device(device).type != "cpu" else host
+        from .dispatch import route_lowered
+
+        return route_lowered(func, args, kwargs)
+    host = x.detach()
+    if dtype is not None:
+        host = host.to(dtype)
+    return from_concrete(host_to_jax(host), host.dtype)
+
+
+def _dense(size, stride) -> bool:
+    from .views import dense_permutation
+
+    return dense_permutation(size, stride) is not None
+
+
+# --- copies into tpu tensors ---------------------------------------------------------------------
+
+
+def _convert_op(ssize, sdtype, dsize, ddtype) -> Op:
+    jd = to_jax_dtype(ddtype)
+    key = ("convert", ssize, sdtype, dsize, ddtype)
+
+    def make():
+        def fn(ins, scs):
+            x = ins[0]
+            if x.dtype != jd:
+                x = x.astype(jd)
+            if tuple(x.shape) != dsize:
+                x = jnp.broadcast_to(x, dsize)
+            return [x]
+
+        return Op(key, "aten.copy_.default", fn, [(dsize, jd)], 0, family="elementwise")
+
+    return Op.intern(key, make)
+
+
+def _check_writable(dst: TpuTensor) -> None:
+    size, stride, _ = LAYOUTS[dst._lid]
+    if any(s == 0 and n > 1 for n, s in zip(size, stride)) or (dst._lay is not None and dst._lay[0][0] == "gather"
+                                                                  and _overlaps(size, stride)):
+        raise RuntimeError(
+            "unsupported operation: more than one element of the written-to tensor refers to a single memory "
+            "location. Please clone() the tensor before performing the operation."
+        )
+
+
+def _overlaps(size, stride) -> bool:
+    dims = sorted((s, n) for n, s in zip(size, stride) if n > 1)
+    span = 1
+    for s, n in dims:
+        if s < span:
+            return True
+        span = s * n
+    return False
+
+
+def assign(dst: TpuTensor, src: TpuTensor) -> None:
+    """dst[...] = src with PyTorch's copy semantics (cast, broadcast), through dst's view."""
+    if dst is src:
+        return
+    _check_writable(dst)
+    dsize, _, ddtype = LAYOUTS[dst._lid]
+    ssize, _, sdtype = LAYOUTS[src._lid]
+    sst = src._st
+    if sst.error is not None:
+        raise sst.error
+    if dst._lay is None and src._lay is None and ddtype == sdtype and dst._st.shape == sst.shape:
+        # values are immutable: sharing one is a copy that costs nothing
+        v = sst.value
+        if v is None:
+            engine.value_ref(engine.STREAM.graph, sst)
+            v = sst.value
+        dst._st.value = v
+        if type(v) is engine.Pending:
+            v.graph.track(dst._st)
+        return
+    op = _convert_op(ssize, sdtype, dsize, ddtype)
+    g, ref = engine.record(op, [src], None)
+    engine.write(dst, ref, g)
+    mode.current().after_record(op)
+
+
+def assign_out(out: TpuTensor, result: TpuTensor) -> None:
+    """Write a functional result into an out= tensor, resizing it like PyTorch does."""
+    rsize = tuple(result.shape)
+    if tuple(out.shape) != rsize:
+        if out.numel() != 0:
+            import warnings
+
+            warnings.warn(
+                f"An output with one or more elements was resized since it had shape {list(out.shape)}, which "
+                f"does not match the required output shape {list(rsize)}. This behavior is deprecated, and in a "
+                "future PyTorch release outputs will not be resized unless they have zero elements. You can "
+                "explicitly reuse an out tensor t by resizing it, inplace, to zero elements with t.resize_(0).",
+                UserWarning,
+                stacklevel=4,
+            )
+        resize(out, rsize)
+    assign(out, result)
+
+
+def route_copy_(func, args, kwargs):
+    dst, src = args[0], args[1]
+    if isinstance(dst, TpuTensor):
+        _check_copy_shapes(dst, src)
+        if isinstance(src, TpuTensor):
+            assign(dst, src)
+            return dst
+        _check_writable(dst)
+        host = src.detach().to(dst.dtype)
+        if tuple(host.shape) != tuple(dst.shape):
+            host = host.expand(dst.shape)
+        engine.write_concrete(dst, host_to_jax(host))
+        return dst
+    host = to_host(src, "to_cpu")
+    with torch.utils._python_dispatch._disable_current_modes():
+        dst.copy_(host)
+    return dst
+
+
+_COPY_CHECKED: set = set()
+
+
+def _check_copy_shapes(dst, src) -> None:
+    key = (tuple(dst.shape), tuple(src.shape))
+    if key in _COPY_CHECKED:
+        return
+    with torch.utils._python_dispatch._disable_current_modes():
+        torch.empty(dst.shape, device="meta").copy_(torch.empty(src.shape, device="meta"))
+    _COPY_CHECKED.add(key)
+
+
+# --- allocation and metadata ---------------------------------------------------------------------
+
+_UNINIT: dict = {}
+
+
+def route_uninitialised(func, args, kwargs):
+    """empty / empty_strided / new_empty: memory that reads as zeros and costs nothing until read."""
+    from .dispatch import spec_of
+    from .meta import signature
+
+    key = signature(spec_of(func), args, kwargs)[0]
+    meta = _UNINIT.get(key)
+    if meta is None:
+        m = run_meta(func, args, kwargs)
+        meta = _UNINIT[key] = (tuple(m.shape), tuple(m.stride()), m.dtype)
+    size, stride, dtype = meta
+    phys, perm = tensor.phys_layout(size, stride)
+    st = Storage(None, phys, dtype)
+    return new_tensor(st, size, stride, 0, dtype, layout_id(size, stride, dtype), tensor.layout_for(st, size, stride, 0))
+
+
+def resize(t: TpuTensor, size: tuple) -> None:
+    """Give t a fresh contiguous storage of `size`, keeping the old contents as a prefix."""
+    from .dispatch import set_metadata
+    from .views import contiguous_strides
+
+    size = tuple(size)
+    stride = contiguous_strides(size)
+    old_numel = t.numel()
+    new = Storage(None, size, t.dtype)
+    n = 1
+    for d in size:
+        n *= d
+    st = t.untyped_storage()
+    need = n * t.dtype.itemsize
+    if st.nbytes() < need:
+        st.resize_(need)
+    if old_numel and n:
+        keep = min(old_numel, n)
+        flat_old = t.detach().reshape(-1)[:keep]
+        tmp = new_tensor(new, size, stride, 0, t.dtype, layout_id(size, stride, t.dtype), None)
+        flat_new = tmp.view(-1)[:keep]
+        assign(flat_new, flat_old)
+    t._st = new
+    set_metadata(t, size, stride, 0)
+
+
+def route_resize_(func, args, kwargs):
+    t, size = args[0], tuple(args[1])
+    if size != tuple(t.shape):
+        resize(t, size)
+    return t
+
+
+def route_lift_fresh(func, args, kwargs):
+    return args[0]
+
+
+def route_set_source_tensor(func, args, kwargs):
+    from .dispatch import set_metadata
+
+    t, src = args[0], args[1]
+    st = t.untyped_storage()
+    need = src._st.numel * src.dtype.itemsize
+    if st.nbytes() < need:
+        st.resize_(need)
+    t._st = src._st
+    set_metadata(t, tuple(src.shape), tuple(src.stride()), src.storage_offset())
+    return t
+
+
+# --- data-dependent output shapes ----------------------------------------------------------------
+
+
+def _eager_nonzero(args, kwargs):
+    x = args[0]
+    v = engine.concrete(x, "data_dependent", _where())
+    return from_concrete(jnp.argwhere(v).astype(jnp.int64).reshape(-1, x.dim()), torch.int64)
+
+
+def _eager_masked_select(args, kwargs):
+    x, mask = args[0], args[1]
+    xv = engine.concrete(x, "data_dependent", _where())
+    mv = engine.concrete(mask, "data_dependent", _where()) if isinstance(mask, TpuTensor) else jnp.asarray(mask.numpy())
+    shape = jnp.broadcast_shapes(xv.shape, mv.shape)
+    out = jnp.broadcast_to(xv, shape)[jnp.broadcast_to(mv, shape)]
+    return from_concrete(out, x.dtype)
+
+
+EAGER = {
+    aten.nonzero.default: _eager_nonzero,
+    aten.masked_select.default: _eager_masked_select,
+}
+
+
+def route_data_dependent(func, args, kwargs):
+    where = _where()
+    engine.flush("data_dependent", where)
+    impl = EAGER.get(func)
+    if impl is not None:
+        return impl(args, kwargs)
+    from .lowering import fallback
+
+    return fallback.run(func, args, kwargs, reason="data-dependent output shape", record=False)
+
+
+def bool_indices_to_long(indices, cause="data_dependent"):
+    """Boolean masks in an index list become long indices (a data-dependent shape: flushes)."""
+    out = []
+    for ix in indices:
+        if isinstance(ix, torch.Tensor) and ix.dtype in (torch.bool, torch.uint8):
+            nz = _eager_nonzero((ix if isinstance(ix, TpuTensor) else ix.to("tpu"),), {})
+            out.extend(nz.unbind(1) if ix.dim() > 0 else [nz.reshape(-1)])
+        else:
+            out.append(ix)
+    return out
+
+
+def route_equal(func, args, kwargs):
+    a, b = args[0], args[1]
+    if tuple(a.shape) != tuple(b.shape):
+        return False
+    return bool(_with_bool_cause(lambda: (a == b).all().item()))
+
+
+def _with_bool_cause(fn):
+    return tensor._with_cause("bool", fn)
+
+
+HANDLERS = {
+    aten._local_scalar_dense.default: route_local_scalar_dense,
+    aten._to_copy.default: route_to_copy,
+    aten.copy_.default: route_copy_,
+    aten.empty.memory_format: route_uninitialised,
+    aten.empty_strided.default: route_uninitialised,
+    aten.new_empty.default: route_uninitialised,
+    aten.new_empty_strided.default: route_uninitialised,
+    aten.resize_.default: route_resize_,
+    aten.lift_fresh.default: route_lift_fresh,
+    aten.set_.source_Tensor: route_set_source_tensor,
+    aten.equal.default: route_equal,
+}

@@ -1,0 +1,223 @@
+"""The "tpu" tensor: a PyTorch wrapper subclass over a storage that holds a jax.Array or a pending value.
+
+A `TpuTensor` carries only metadata (size, stride, storage offset, dtype: PyTorch's own, so
+`t.shape` never syncs) and a reference to a `Storage`. The storage holds one value: a concrete
+`jax.Array`, a `Pending` value of the current graph, or None for uninitialised memory. Views share
+the storage, so aliasing is exactly PyTorch's.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+import torch
+
+from . import dtypes, views
+from .device import NAME
+
+DEVICE = torch.device(NAME, 0)
+
+# Tensor layouts are interned to small ints: (size, stride, dtype) -> id. Op signatures use the
+# ids, which keeps the per-op cache key cheap to build and hash.
+_LAYOUT_IDS: dict[tuple, int] = {}
+LAYOUTS: list[tuple] = []
+
+
+def layout_id(size: tuple, stride: tuple, dtype: torch.dtype) -> int:
+    key = (size, stride, dtype)
+    i = _LAYOUT_IDS.get(key)
+    if i is None:
+        i = len(LAYOUTS)
+        _LAYOUT_IDS[key] = i
+        LAYOUTS.append(key)
+    return i
+
+
+class Storage:
+    """One buffer. `shape` is its physical (row-major) shape; `value` is replaced, never mutated."""
+
+    __slots__ = ("value", "shape", "dtype", "error", "__weakref__")
+
+    def __init__(self, value, shape: tuple, dtype: torch.dtype):
+        self.value = value
+        self.shape = shape
+        self.dtype = dtype
+        self.error = None
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+
+# What the next host read is for (print, bool, item, ...): set by the dunder methods below so a
+# flush can name its cause, consumed by the dispatcher.
+_sync_cause: list[str | None] = [None]
+
+
+def sync_cause() -> str | None:
+    return _sync_cause[0]
+
+
+def _with_cause(cause: str, fn, *args):
+    prev = _sync_cause[0]
+    if prev is None:
+        _sync_cause[0] = cause
+    try:
+        return fn(*args)
+    finally:
+        _sync_cause[0] = prev
+
+
+class TpuTensor(torch.Tensor):
+    """A tensor on the "tpu" device. Its ATen calls go to deferfuse's dispatcher."""
+
+    _st: Storage
+    _lay: tuple | None  # None: the tensor is its whole storage, contiguous; else (plan, offset)
+    _lid: int  # interned (size, stride, dtype)
+    _off: int  # storage offset
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return _dispatch(func, args, kwargs or {})
+
+    # Host reads: name the cause, then let PyTorch's C++ do the rest through our dispatcher.
+    def __bool__(self):
+        return _with_cause("bool", torch.Tensor.__bool__, self)
+
+    def __float__(self):
+        return _with_cause("float", torch.Tensor.__float__, self)
+
+    def __int__(self):
+        return _with_cause("int", torch.Tensor.__int__, self)
+
+    def __index__(self):
+        return _with_cause("int", torch.Tensor.__index__, self)
+
+    def __complex__(self):
+        return _with_cause("float", torch.Tensor.__complex__, self)
+
+    def item(self):
+        return _with_cause("item", torch.Tensor.item, self)
+
+    def tolist(self):
+        return _with_cause("tolist", lambda: torch.Tensor.tolist(self.cpu()))
+
+    def __repr__(self, *, tensor_contents=None):
+        return _with_cause("print", _repr, self)
+
+    def __format__(self, spec):
+        if self.dim() == 0 and not self.is_meta and type(self) is TpuTensor:
+            return _with_cause("print", lambda: self.item().__format__(spec))
+        return object.__format__(self, spec)
+
+    def __reduce_ex__(self, proto):
+        cpu = self.detach().cpu()
+        return (_rebuild, (cpu, self.requires_grad))
+
+    @property
+    def data(self):
+        return torch.Tensor.data.__get__(self)
+
+    @data.setter
+    def data(self, new):
+        if not isinstance(new, TpuTensor):
+            raise RuntimeError(
+                f"deferfuse: cannot set .data of a tpu tensor to a tensor on {new.device}; move it with .to('tpu') first"
+            )
+        torch.Tensor.data.__set__(self, new)
+        self._st, self._lay, self._lid, self._off = new._st, new._lay, new._lid, new._off
+
+
+def _rebuild(cpu: torch.Tensor, requires_grad: bool) -> torch.Tensor:
+    return cpu.to(DEVICE).requires_grad_(requires_grad)
+
+
+def _dispatch(func, args, kwargs):  # replaced by dispatch.py at import
+    raise RuntimeError("deferfuse dispatcher not initialised")
+
+
+_make = torch.Tensor._make_wrapper_subclass
+
+
+def new_tensor(st: Storage, size: tuple, stride: tuple, offset: int, dtype: torch.dtype, lid: int, lay) -> TpuTensor:
+    if lay is None:
+        t = _make(TpuTensor, size, dtype=dtype, device=DEVICE)
+    else:
+        t = _make(TpuTensor, size, strides=stride, storage_offset=offset, dtype=dtype, device=DEVICE)
+    t._st = st
+    t._lay = lay
+    t._lid = lid
+    t._off = offset
+    return t
+
+
+def layout_for(st: Storage, size: tuple, stride: tuple, offset: int):
+    """None when the view is its whole storage read contiguously, else (read plan, offset)."""
+    if offset == 0 and size == st.shape and views.is_contiguous(size, stride):
+        return None
+    return (views.plan_view(st.shape, size, stride, offset), offset)
+
+
+def view_of(base: TpuTensor, size: tuple, stride: tuple, offset: int, dtype: torch.dtype | None = None) -> TpuTensor:
+    st = base._st
+    dtype = dtype or base.dtype
+    return new_tensor(st, size, stride, offset, dtype, layout_id(size, stride, dtype), layout_for(st, size, stride, offset))
+
+
+def phys_layout(size: tuple, stride: tuple) -> tuple[tuple, tuple | None]:
+    """Physical shape for a fresh storage holding a tensor with these strides, and the
+    permutation from logical to physical dims (None when already contiguous)."""
+    if views.is_contiguous(size, stride):
+        return size, None
+    perm = views.dense_permutation(size, stride)
+    if perm is not None:
+        return tuple(size[d] for d in perm), perm
+    extent = 1 + sum((n - 1) * s for n, s in zip(size, stride)) if all(n > 0 for n in size) else 0
+    return (extent,), "strided"
+
+
+def from_concrete(array: jax.Array, dtype: torch.dtype) -> TpuTensor:
+    """Wrap a concrete logical-shape array as a fresh contiguous tensor."""
+    size = tuple(array.shape)
+    stride = views.contiguous_strides(size)
+    st = Storage(array, size, dtype)
+    return new_tensor(st, size, stride, 0, dtype, layout_id(size, stride, dtype), None)
+
+
+def host_to_jax(t: torch.Tensor) -> jax.Array:
+    """A device copy of a CPU tensor's logical contents (never aliasing torch's memory)."""
+    from .device import jax_device
+
+    return jax.device_put(np.array(dtypes.torch_to_numpy(t), copy=True), jax_device())
+
+
+def jax_to_host(array, dtype: torch.dtype) -> torch.Tensor:
+    return dtypes.numpy_to_torch(np.asarray(array), dtype)
+
+
+def _repr(t: TpuTensor) -> str:
+    from torch._tensor_str import _add_suffixes, _tensor_str
+
+    cpu = t.detach().cpu()
+    prefix = "tensor("
+    if t.is_nested:
+        raise NotImplementedError("nested tpu tensors")
+    contents = _tensor_str(cpu, len(prefix))
+    suffixes = [f"device='{t.device}'"]
+    if cpu.numel() == 0 and cpu.dim() != 1:
+        suffixes.append(f"size={tuple(cpu.shape)}")
+    if t.dtype not in (torch.get_default_dtype(), torch.int64, torch.bool, torch.complex64):
+        suffixes.append(f"dtype={t.dtype}")
+    if t.grad_fn is not None:
+        name = type(t.grad_fn).__name__
+        suffixes.append(f"grad_fn=<{name}>")
+    elif t.requires_grad:
+        suffixes.append("requires_grad=True")
+    return _add_suffixes(prefix + contents, suffixes, len(prefix), force_newline=t.is_sparse)

@@ -1,0 +1,195 @@
+"""How a strided tensor view reads and writes the JAX array that backs its storage.
+
+Storages hold one immutable jax.Array in a row-major "physical" shape; every tensor is a
+(size, stride, storage_offset) view of it, exactly as in PyTorch. View ops therefore never compute
+anything: they only create new metadata, and aliasing (an in-place op on a slice updates the base
+and every other view) falls out of reading and writing through the same storage.
+
+A read or write is compiled from a static *plan* chosen once per layout: the common views
+(transpose, slice, select, expand, unsqueeze, reshape of contiguous data) become slices and
+transposes that XLA fuses for free; only exotic layouts (diagonal, overlapping as_strided) pay for
+a gather/scatter. The storage offset is a runtime input, so a view that moves through a buffer
+(a KV cache position, a loop over rows) reuses one compiled program.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import jax.numpy as jnp
+from jax import lax
+
+Shape = tuple[int, ...]
+
+
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    strides = []
+    acc = 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def is_contiguous(size: Sequence[int], stride: Sequence[int]) -> bool:
+    expected = 1
+    for n, s in zip(reversed(size), reversed(stride)):
+        if n != 1 and s != expected:
+            return False
+        expected *= n
+    return True
+
+
+def dense_permutation(size: Sequence[int], stride: Sequence[int]) -> tuple[int, ...] | None:
+    """The dim order that makes (size, stride) a contiguous layout, or None if it is not dense."""
+    order = sorted(range(len(size)), key=lambda d: (-stride[d], d))
+    if is_contiguous([size[d] for d in order], [stride[d] for d in order]):
+        return tuple(order)
+    return None
+
+
+def _unravel(offset: int, phys: Shape, pstr: tuple[int, ...]) -> list[int]:
+    out = []
+    for n, s in zip(phys, pstr):
+        out.append((offset // s) % n if n > 0 else 0)
+    return out
+
+
+def plan_view(phys: Shape, size: Shape, stride: tuple[int, ...], offset: int) -> tuple:
+    """A hashable, offset-independent recipe for reading `size/stride` at `offset` from `phys`.
+
+    The recipe is valid for this offset; callers key compiled programs on the recipe, so a
+    different offset needing a different recipe compiles separately and never reuses a wrong one.
+    """
+    if any(n == 0 for n in size):
+        return ("empty", phys, size)
+    zero = offset == 0
+    pstr = contiguous_strides(phys)
+    keep = [(d, n, s) for d, (n, s) in enumerate(zip(size, stride)) if n != 1]
+    bcast = tuple(d for d, n, s in keep if s == 0)
+    real = [(d, n, s) for d, n, s in keep if s != 0]
+    start = _unravel(offset, phys, pstr)
+    used: dict[int, int] = {}
+    mapping = []
+    for d, n, s in real:
+        j = next((j for j in range(len(phys)) if phys[j] > 1 and pstr[j] <= s and s % pstr[j] == 0), None)
+        if j is None or j in used:
+            break
+        step = s // pstr[j]
+        if start[j] + step * (n - 1) >= phys[j]:
+            break
+        used[j] = d
+        mapping.append((d, j, step, n))
+    else:
+        return ("slice", phys, size, tuple(mapping), bcast, zero)
+    order = sorted(real, key=lambda t: -t[2])
+    contiguous = [t[0] for t in order] == [t[0] for t in real] and is_contiguous(
+        [t[1] for t in real], [t[2] for t in real]
+    )
+    kind = "flat" if contiguous else "gather"
+    return (kind, phys, size, tuple((d, n, s) for d, n, s in real), bcast, zero)
+
+
+def _finish(x, plan_size: Shape, real_dims: list[int], bcast: tuple[int, ...]):
+    """x holds the non-broadcast, non-unit view dims in `real_dims` order; build the full view."""
+    shape = [1] * len(plan_size)
+    for d in real_dims:
+        shape[d] = plan_size[d]
+    x = x.reshape(shape)
+    if bcast:
+        x = jnp.broadcast_to(x, plan_size)
+    return x
+
+
+def _flat_indices(real, offset):
+    """offset + sum_d iota_d * stride_d, shaped like the real dims (computed on device)."""
+    shape = tuple(n for _, n, _ in real)
+    idx = None
+    for k, (_, n, s) in enumerate(real):
+        term = lax.broadcasted_iota(jnp.int64, shape, k) * s
+        idx = term if idx is None else idx + term
+    if idx is None:
+        idx = jnp.zeros((), jnp.int64)
+    return idx + offset
+
+
+def read(value, plan: tuple, offset):
+    kind, phys = plan[0], plan[1]
+    if kind == "empty":
+        return jnp.zeros(plan[2], value.dtype)
+    _, _, size, mapping, bcast, zero = plan
+    if kind == "slice":
+        pstr = contiguous_strides(phys)
+        sizes = [1] * len(phys)
+        steps = [1] * len(phys)
+        for d, j, step, n in mapping:
+            sizes[j] = (n - 1) * step + 1
+            steps[j] = step
+        if zero:
+            x = lax.slice(value, [0] * len(phys), sizes)
+        else:
+            starts = [(offset // s) % n for n, s in zip(phys, pstr)]
+            x = lax.dynamic_slice(value, starts, sizes)
+        if any(st != 1 for st in steps):
+            x = lax.slice(x, [0] * len(phys), x.shape, steps)
+        by_phys = sorted(mapping, key=lambda m: m[1])
+        x = x.reshape([m[3] for m in by_phys])
+        dims_in_phys_order = [m[0] for m in by_phys]
+        view_order = sorted(dims_in_phys_order)
+        if dims_in_phys_order != view_order:
+            x = jnp.transpose(x, [dims_in_phys_order.index(d) for d in view_order])
+        return _finish(x, size, view_order, bcast)
+    flat = value.reshape(-1)
+    real = mapping
+    numel = math.prod(n for _, n, _ in real)
+    if kind == "flat":
+        x = lax.slice(flat, [0], [numel]) if zero else lax.dynamic_slice(flat, [offset], [numel])
+        x = x.reshape([n for _, n, _ in real])
+    else:
+        x = jnp.take(flat, _flat_indices(real, 0 if zero else offset), mode="clip")
+    return _finish(x, size, [d for d, _, _ in real], bcast)
+
+
+def write(value, plan: tuple, offset, new):
+    """Return `value` with the view described by `plan` replaced by `new` (logical view shape)."""
+    kind, phys = plan[0], plan[1]
+    if kind == "empty":
+        return value
+    _, _, size, mapping, bcast, zero = plan
+    if bcast:
+        raise RuntimeError(
+            "unsupported operation: more than one element of the written-to tensor refers to a single "
+            "memory location. Please clone() the tensor before performing the operation."
+        )
+    new = new.astype(value.dtype)
+    if kind == "slice":
+        pstr = contiguous_strides(phys)
+        by_phys = sorted(mapping, key=lambda m: m[1])
+        view_dims = sorted(m[0] for m in mapping)
+        x = new.reshape([size[d] for d in view_dims])
+        perm = [view_dims.index(m[0]) for m in by_phys]
+        if perm != sorted(perm):
+            x = jnp.transpose(x, perm)
+        upd_shape = [1] * len(phys)
+        for d, j, step, n in mapping:
+            upd_shape[j] = n
+        x = x.reshape(upd_shape)
+        starts = [0] * len(phys) if zero else [(offset // s) % n for n, s in zip(phys, pstr)]
+        if all(m[2] == 1 for m in mapping):
+            return lax.dynamic_update_slice(value, x, starts)
+        index = []
+        for j, n in enumerate(upd_shape):
+            step = next((m[2] for m in mapping if m[1] == j), 1)
+            ix = starts[j] + step * jnp.arange(n)
+            shape = [1] * len(phys)
+            shape[j] = n
+            index.append(ix.reshape(shape))
+        return value.at[tuple(index)].set(x)
+    flat = value.reshape(-1)
+    real = mapping
+    x = new.reshape([n for _, n, _ in real]) if real else new.reshape(())
+    if kind == "flat":
+        flat = lax.dynamic_update_slice(flat, x.reshape(-1), [0 if zero else offset])
+    else:
+        flat = flat.at[_flat_indices(real, 0 if zero else offset)].set(x)
+    return flat.reshape(phys)

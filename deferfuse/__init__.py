@@ -16,10 +16,28 @@ from .api import metrics, reset_metrics, sync  # noqa: E402
 from .config import CONFIG  # noqa: E402
 from .engine import FlushError  # noqa: E402
 from .executors.base import EagerMode  # noqa: E402
-from .mode import DeferfuseMode, get_default_mode, mode, set_default_mode  # noqa: E402
+from .modes import DeferfuseMode, get_default_mode, mode, set_default_mode  # noqa: E402
 from .tensor import TpuTensor  # noqa: E402
 
 _cache.configure_persistent_cache()
+
+
+def _enable_foreach_paths() -> None:
+    """Let torch.optim and clip_grad_norm_ take their foreach paths for tpu tensors.
+
+    PyTorch only picks `_foreach_*` kernels for tensors whose exact type is in a short list, and
+    TpuTensor is a subclass; deferfuse records each foreach call as one node, so this is the fast
+    path (one program input per list instead of one op per parameter).
+    """
+    import torch.optim.optimizer as _opt
+    import torch.utils._foreach_utils as _fe
+
+    for types in (_opt._foreach_supported_types, _fe._foreach_supported_types):
+        if TpuTensor not in types:
+            types.append(TpuTensor)
+
+
+_enable_foreach_paths()
 
 __all__ = [
     "mode",

@@ -30,7 +30,7 @@ class Key:
         self.sig = g.sig
         self.outs = outs
         self.avals = tuple(g.input_avals)
-        self._h = hash((g.hash, outs, self.avals))
+        self._h = hash((tuple(g.sig), outs, self.avals))
 
     def __hash__(self):
         return self._h

@@ -19,18 +19,18 @@ from typing import Any, Callable
 import torch
 from torch._decomp import core_aten_decompositions, decomposition_table
 
-from . import engine, mode, rng, special, tensor
+from . import engine, modes, rng, sources, special, tensor
+from .config import CONFIG
 from .events import METRICS
-from .graph import Op, Pending
+from .graph import Op
 from .lowering import LOWERINGS, fallback, make_lowered_op
 from .meta import ArgSpec, flatten_outputs, run_meta, signature, template, unflatten_outputs
-from .tensor import LAYOUTS, Storage, TpuTensor, layout_id, new_tensor, phys_layout
+from .tensor import LAYOUTS, Storage, TpuTensor, layout_id, new_tensor, offset_of, phys_layout
 from . import views
 
 aten = torch.ops.aten
 
-_ROUTES: dict[Any, Callable] = {}
-_SPECS: dict[Any, ArgSpec] = {}
+_FUNC_IDS: list = []  # fid -> func
 _RECIPES: dict[tuple, "Recipe"] = {}
 _VIEWS: dict[tuple, tuple] = {}
 _CHECKED: set = set()
@@ -41,20 +41,46 @@ for _op, _fn in decomposition_table.items():
     DECOMPOSITIONS.setdefault(_op, _fn)
 
 
+class FuncInfo:
+    """Per-overload dispatch state, stored on the OpOverload itself (`func._df`): an attribute
+    read is several times cheaper than hashing an OpOverload, whose __hash__ is Python."""
+
+    __slots__ = ("route", "spec", "fid")
+
+    def __init__(self, func):
+        self.fid = len(_FUNC_IDS)
+        _FUNC_IDS.append(func)
+        self.spec = None
+        self.route = None
+
+
+def info_of(func) -> FuncInfo:
+    try:
+        return func._df
+    except AttributeError:
+        info = FuncInfo(func)
+        func._df = info
+        info.route = _classify(func)
+        return info
+
+
 def dispatch(func, args: tuple, kwargs: dict):
     global _depth
-    route = _ROUTES.get(func)
-    if route is None:
-        route = classify(func)
+    try:
+        route = func._df.route
+    except AttributeError:
+        route = info_of(func).route
     if _depth:
         _depth += 1
         try:
             return route(func, args, kwargs)
         finally:
             _depth -= 1
-    ex = mode.current()
+    ex = _stack[-1] if _stack else _default[0]
     if ex.checks_before:
         ex.before_op(func, args, kwargs)
+    if _SOURCE_LINES:
+        _STATE.where = _user_frame(2)
     _depth = 1
     try:
         out = route(func, args, kwargs)
@@ -65,12 +91,13 @@ def dispatch(func, args: tuple, kwargs: dict):
 
 
 def spec_of(func) -> ArgSpec:
-    spec = _SPECS.get(func)
+    info = info_of(func)
+    spec = info.spec
     if spec is None:
         low = LOWERINGS.get(func)
         allow_cpu = func in (aten.index.Tensor, aten.index_put.default, aten.index_put_.default,
                              aten._unsafe_index.Tensor, aten._unsafe_index_put.default)
-        spec = _SPECS[func] = ArgSpec(func, low.static if low else (), allow_cpu)
+        spec = info.spec = ArgSpec(func, info.fid, low.static if low else (), allow_cpu)
     return spec
 
 
@@ -127,22 +154,46 @@ def _iter_placeholders(obj, kinds):
             yield from _iter_placeholders(x, kinds)
 
 
+_make = torch.Tensor._make_wrapper_subclass
+_DEVICE = tensor.DEVICE
+_METRICS = METRICS
+_STREAM = engine.STREAM
+_STATE = engine.STREAM  # .where: the user's line of the top-level op being recorded
+_tensor_ref = engine.tensor_ref
+_stack = modes._stack
+_default = modes._default
+_SOURCE_LINES = CONFIG.source_lines
+_user_frame = sources.user_frame
+
+
 def emit(r: Recipe, tensors, scalars):
+    """Record one node and return its outputs as tpu tensors (the recording hot path)."""
     if r.rng:
         scalars.extend(rng.next_key())
     op = r.op
-    g, base = engine.record(op, tensors, scalars)
+    g = _STREAM.graph
+    refs = tuple([_tensor_ref(g, t) for t in tensors])
+    base = g.add(op, refs, scalars, _STATE.where)
+    _METRICS.ops_recorded += 1
     out = []
     for k, (size, stride, dtype, lid, phys, lay) in enumerate(r.outs):
-        st = Storage(Pending(g, base | k, phys, dtype), phys, dtype)
-        g.track(st)
-        out.append(new_tensor(st, size, stride, 0, dtype, lid, lay))
-    mode.current().after_record(op)
+        st = Storage(None, phys, dtype)
+        st.set_pending(g, base | k)
+        if lay is None:
+            t = _make(TpuTensor, size, dtype=dtype, device=_DEVICE)
+        else:
+            t = _make(TpuTensor, size, strides=stride, storage_offset=0, dtype=dtype, device=_DEVICE)
+        t._st = st
+        t._lay = lay
+        t._lid = lid
+        out.append(t)
+    if r.spec_out == "t":
+        return out[0]
     return unflatten_outputs(out, r.spec_out)
 
 
 def route_lowered(func, args, kwargs):
-    spec = _SPECS.get(func) or spec_of(func)
+    spec = func._df.spec or spec_of(func)
     key, tensors, scalars = signature(spec, args, kwargs)
     r = _RECIPES.get(key)
     if r is None:
@@ -163,7 +214,7 @@ def _meta_args(args, kwargs):
 
 
 def route_view(func, args, kwargs):
-    spec = _SPECS.get(func) or spec_of(func)
+    spec = func._df.spec or spec_of(func)
     key, tensors, _ = signature(spec, args, kwargs)
     outs = _VIEWS.get(key)
     if outs is None:
@@ -177,7 +228,7 @@ def route_view(func, args, kwargs):
     base = tensors[0]
     if any(o[3] != base.dtype for o in outs[0]):
         raise NotImplementedError(f"deferfuse: dtype-changing view {func} needs a lowering")
-    off = base._off
+    off = offset_of(base)
     res = [tensor.view_of(base, size, stride, off + delta, dtype) for size, stride, delta, dtype in outs[0]]
     return unflatten_outputs(res, outs[1])
 
@@ -185,7 +236,7 @@ def route_view(func, args, kwargs):
 def route_as_strided(func, args, kwargs):
     base, size, stride = args[0], tuple(args[1]), tuple(args[2])
     off = args[3] if len(args) > 3 and args[3] is not None else kwargs.get("storage_offset")
-    off = base._off if off is None else off
+    off = offset_of(base) if off is None else off
     _check_storage_bounds(base._st, size, stride, off)
     return tensor.view_of(base, size, stride, off)
 
@@ -210,7 +261,7 @@ def route_inplace_view(func, args, kwargs):
     if isinstance(m, (list, tuple)):
         m = m[0]
     size, stride = tuple(m.shape), tuple(m.stride())
-    off = m.storage_offset() + (0 if func is aten.as_strided_.default else t._off)
+    off = m.storage_offset() + (0 if func is aten.as_strided_.default else offset_of(t))
     if func is aten.as_strided_.default:
         _check_storage_bounds(t._st, size, stride, off)
     set_metadata(t, size, stride, off)
@@ -221,7 +272,6 @@ def set_metadata(t: TpuTensor, size, stride, off) -> None:
     with torch._C._DisableTorchDispatch():
         aten.as_strided_.default(t, size, stride, off)
     t._lid = layout_id(size, stride, t.dtype)
-    t._off = off
     t._lay = tensor.layout_for(t._st, size, stride, off)
 
 
@@ -292,7 +342,7 @@ def route_mutating(func, args, kwargs):
 def _check_meta(func, args, kwargs) -> None:
     """Run the mutating op's own meta kernel once per signature: it raises PyTorch's errors
     (broadcast into a smaller tensor, a result type that cannot be cast into the target)."""
-    spec = _SPECS.get(func) or spec_of(func)
+    spec = func._df.spec or spec_of(func)
     key, _, _ = signature(spec, args, kwargs)
     if key in _CHECKED:
         return
@@ -319,12 +369,6 @@ def route_fallback(func, args, kwargs):
     return fallback.run(func, args, kwargs)
 
 
-def classify(func) -> Callable:
-    route = _classify(func)
-    _ROUTES[func] = route
-    return route
-
-
 def _classify(func) -> Callable:
     sp = special.HANDLERS.get(func)
     if sp is not None:
@@ -335,6 +379,9 @@ def _classify(func) -> Callable:
         return route_as_strided
     schema = func._schema
     tags = func.tags
+    name = func.name()
+    if torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeImplicitAutograd") and func not in DECOMPOSITIONS:
+        return route_composite
     if torch.Tag.inplace_view in tags:
         return route_inplace_view
     returns = schema.returns
@@ -352,7 +399,6 @@ def _classify(func) -> Callable:
             return route_mutating
     if func in DECOMPOSITIONS:
         return route_decomposed
-    name = func.name()
     if torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeImplicitAutograd"):
         return route_composite
     if torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeExplicitAutograd"):

@@ -14,7 +14,7 @@ from . import cache, events, sources, views
 from .config import CONFIG
 from .dtypes import to_jax_dtype
 from .events import METRICS
-from .graph import OUT_BITS, Graph, Op, Pending, PeriodDetector
+from .graph import OUT_BITS, Graph, Op, PeriodDetector
 from .tensor import LAYOUTS, Storage, TpuTensor, layout_for, new_tensor
 
 
@@ -27,9 +27,18 @@ class _Stream:
         self.graph = Graph()
         self.period = PeriodDetector(CONFIG.period_lookback)
         self.flushing = False
+        self.where = None  # the user's (code, offset) of the top-level op being recorded
+        self.pushed = 0  # nodes of the current graph already seen by the period detector
 
 
 STREAM = _Stream()
+_SOURCE_LINES = CONFIG.source_lines
+_user_frame = sources.user_frame
+
+
+def where():
+    """The user's location for a recorded node: that of the top-level op being recorded."""
+    return STREAM.where
 
 
 # --- internal ops: view reads/writes and uninitialised memory ------------------------------
@@ -76,24 +85,23 @@ def _zeros_op(shape, dtype) -> Op:
 
 def value_ref(g: Graph, st: Storage) -> int:
     """The graph ref of a storage's current value (registering a concrete one as an input)."""
+    if st.graph is g:
+        return st.ref
+    v = st.value
+    if v is not None:
+        return g.input_ref(v, st.shape, st.dtype)
     if st.error is not None:
         raise st.error
-    v = st.value
-    if type(v) is Pending:
-        if v.graph is g:
-            return v.ref
+    if st.graph is not None:
         raise RuntimeError("deferfuse internal error: a storage holds a value of a finished graph")
-    if v is None:
-        op = _zeros_op(st.shape, st.dtype)
-        ref = g.add(op, (), None, None)
-        st.value = Pending(g, ref, st.shape, st.dtype)
-        g.track(st)
-        return ref
-    return g.input_ref(v, (st.shape, st.dtype))
+    ref = g.add(_zeros_op(st.shape, st.dtype), (), None, None)
+    st.set_pending(g, ref)
+    return ref
 
 
 def tensor_ref(g: Graph, t: TpuTensor) -> int:
-    r = value_ref(g, t._st)
+    st = t._st
+    r = st.ref if st.graph is g else value_ref(g, st)
     lay = t._lay
     if lay is None:
         return r
@@ -103,61 +111,42 @@ def tensor_ref(g: Graph, t: TpuTensor) -> int:
     if hit is None:
         size, _, dtype = LAYOUTS[t._lid]
         op = _read_op(plan, size, dtype)
-        hit = g.add(op, (r,), None if op.n_scalars == 0 else (off,), _where())
+        hit = g.add(op, (r,), None if op.n_scalars == 0 else (off,), where())
         g.reads[key] = hit
     return hit
-
-
-def _where():
-    return sources.user_frame(3) if CONFIG.source_lines else None
 
 
 def record(op: Op, tensors, scalars) -> tuple[Graph, int]:
     """Append one node reading `tensors`; returns (graph, base ref of its outputs)."""
     g = STREAM.graph
     refs = tuple([tensor_ref(g, t) for t in tensors])
-    base = g.add(op, refs, scalars, _where())
+    base = g.add(op, refs, scalars, where())
     METRICS.ops_recorded += 1
     return g, base
-
-
-def new_storage(g: Graph, ref: int, phys: tuple, dtype) -> Storage:
-    st = Storage(None, phys, dtype)
-    st.value = Pending(g, ref, phys, dtype)
-    g.track(st)
-    return st
 
 
 def write(t: TpuTensor, new_ref: int, g: Graph) -> None:
     """Make `new_ref` (t's logical shape and dtype, already cast) the contents of view t."""
     st = t._st
     if t._lay is None:
-        st.value = Pending(g, new_ref, st.shape, st.dtype)
-        g.track(st)
+        st.set_pending(g, new_ref)
         return
     plan, off = t._lay
     if plan[0] == "empty":
         return
     old = value_ref(g, st)
     op = _write_op(plan, st.shape, st.dtype)
-    ref = g.add(op, (old, new_ref), None if op.n_scalars == 0 else (off,), _where())
-    st.value = Pending(g, ref, st.shape, st.dtype)
-    g.track(st)
-    g.reads.clear()  # reads of this storage now see a new value; keep the cache simple
+    ref = g.add(op, (old, new_ref), None if op.n_scalars == 0 else (off,), where())
+    st.set_pending(g, ref)
 
 
 def write_concrete(t: TpuTensor, array) -> None:
     """Make a concrete logical array the contents of view t (host-to-device copies)."""
     if t._lay is None:
-        t._st.value = array  # whole replacement: whatever was pending for it is now dead
+        t._st.set_value(array)  # whole replacement: whatever was pending for it is now dead
         return
     g = STREAM.graph
-    write(t, g.input_ref(array, (tuple(array.shape), t.dtype)), g)
-
-
-def zeros_storage(shape: tuple, dtype) -> Storage:
-    """Uninitialised memory (torch.empty): reads as zeros, costs nothing until read."""
-    return Storage(None, shape, dtype)
+    write(t, g.input_ref(array, tuple(array.shape), t.dtype), g)
 
 
 # --- flushing ----------------------------------------------------------------------------------
@@ -175,23 +164,22 @@ def flush(cause: str, where=None) -> list:
     if STREAM.flushing:
         raise RuntimeError("deferfuse internal error: re-entrant flush")
     STREAM.graph = Graph()
+    STREAM.pushed = 0
     if cause not in ("repeated_op_heuristic", "strict_op", "debug_op"):
         STREAM.period.reset()
     t0 = time.perf_counter()
     STREAM.flushing = True
     try:
         live = []
-        seen: set[int] = set()
         refs: dict[int, int] = {}
         for w in g.storages:
             s = w()
-            if s is not None and id(s) not in seen:
-                v = s.value
-                if type(v) is Pending and v.graph is g:
-                    seen.add(id(s))
-                    live.append(s)
-                    if v.ref not in refs:
-                        refs[v.ref] = len(refs)
+            if s is not None and s.graph is g:
+                s.graph = None  # marks it collected; restored below only on failure
+                live.append(s)
+                r = s.ref
+                if r not in refs:
+                    refs[r] = len(refs)
         out_refs = tuple(refs)
         try:
             results, plan, hit = cache.execute(g, out_refs, cause, where)
@@ -199,22 +187,24 @@ def flush(cause: str, where=None) -> list:
             _recover(g, live, exc, cause, where)
             raise AssertionError("unreachable")
         for s in live:
-            s.value = results[refs[s.value.ref]]
+            s.value = results[refs[s.ref]]
         n = len(g.nodes)
-        METRICS.flushes[cause] += 1
-        METRICS.nodes_flushed += n
-        METRICS.outputs_materialized += len(out_refs)
-        if n > METRICS.max_pending:
-            METRICS.max_pending = n
-        skipped = plan.n_internal
-        METRICS.intermediates_skipped += skipped
+        m = METRICS
+        m.flushes[cause] += 1
+        m.nodes_flushed += n
+        m.outputs_materialized += len(out_refs)
+        m.bytes_materialized += plan.bytes_out
+        m.intermediates_skipped += plan.n_internal
+        m.bytes_skipped += plan.bytes_internal
+        if n > m.max_pending:
+            m.max_pending = n
         dt = time.perf_counter() - t0
-        METRICS.flush_seconds += dt
+        m.flush_seconds += dt
         if events.collecting() or CONFIG.log:
             events.emit(
                 "flush", cause=cause, where=where, nodes=n, outputs=len(out_refs), hit=hit, key=plan.key_hash,
-                groups=len(plan.steps), seconds=dt, skipped=skipped, bytes_skipped=plan.bytes_internal,
-                bytes_out=plan.bytes_out,
+                groups=len(plan.steps), seconds=dt, skipped=plan.n_internal, bytes_skipped=plan.bytes_internal,
+                bytes_out=plan.bytes_out, ops=plan.n_ops,
             )
         return live
     finally:
@@ -241,9 +231,7 @@ def _recover(g: Graph, live: list, exc: Exception, cause: str, where) -> None:
             bad.update(base | k for k in range(len(node.op.out_avals)))
             if failed is None:
                 failed = (node, e)
-    if failed is None:
-        failed = (g.nodes[-1], exc)
-    node, err = failed
+    node, err = failed if failed is not None else (g.nodes[-1], exc)
     msg = (
         f"deferfuse: flush ({cause} at {sources.fmt(where)}) failed in {node.op.name} "
         f"recorded at {sources.fmt(node.where)}: {type(err).__name__}: {err}"
@@ -251,9 +239,9 @@ def _recover(g: Graph, live: list, exc: Exception, cause: str, where) -> None:
     error = FlushError(msg)
     error.__cause__ = err
     for s in live:
-        r = s.value.ref
-        if r in values:
-            s.value = values[r]
+        v = values.get(s.ref)
+        if v is not None:
+            s.value = v
         else:
             s.error = error
     raise error
@@ -274,8 +262,8 @@ def concrete(t: TpuTensor, cause: str, where=None):
     if st.error is not None:
         raise st.error
     if t._lay is None:
-        if type(st.value) is Pending or st.value is None:
-            if st.value is None:
+        if st.value is None:
+            if st.graph is None:
                 value_ref(STREAM.graph, st)
             flush(cause, where)
         if st.error is not None:
@@ -283,9 +271,9 @@ def concrete(t: TpuTensor, cause: str, where=None):
         return st.value
     # a view: read it into a temporary storage that the flush materialises
     g = STREAM.graph
-    size, stride, dtype = LAYOUTS[t._lid]
-    ref = tensor_ref(g, t)
-    tmp = new_storage(g, ref, size, dtype)
+    size, _, dtype = LAYOUTS[t._lid]
+    tmp = Storage(None, size, dtype)
+    tmp.set_pending(g, tensor_ref(g, t))
     flush(cause, where)
     if tmp.error is not None:
         raise tmp.error
@@ -293,4 +281,4 @@ def concrete(t: TpuTensor, cause: str, where=None):
 
 
 def wrap_output(st: Storage, size, stride, dtype, lid) -> TpuTensor:
-    return new_tensor(st, size, stride, 0, dtype, lid, layout_for(st, size, stride, 0))
+    return new_tensor(st, size, stride, dtype, lid, layout_for(st, size, stride, 0))

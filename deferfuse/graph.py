@@ -1,7 +1,7 @@
 """The pending DAG: what DeferAndFuse has recorded but not yet run.
 
-Values are SSA: every recorded op output is a new `Pending` value, and a storage written in place
-simply points at a newer value. A node refers to its operands by *position*, never identity:
+Values are SSA: every recorded op output is a new value, named by a ref, and a storage written in
+place simply points at a newer ref. A node refers to its operands by *position*, never identity:
 external inputs by the order they were first used, pending values by (producer index, output
 index). The structural key of a flush is therefore built incrementally while recording, and two
 flushes of the same computation on different data give the same key.
@@ -13,7 +13,7 @@ and are never computed.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 OUT_BITS = 12  # outputs per node; a ref is (node << OUT_BITS) | output, inputs are negative
 
@@ -50,26 +50,18 @@ class Op:
         return f"Op({self.name})"
 
 
-class Pending:
-    """A value some node of `graph` will produce."""
+class Node(NamedTuple):
+    """One recorded call: the op, its operand refs, where its runtime scalars start, and the
+    user's (code object, offset) that recorded it. A tuple, because creating one is on the
+    recording hot path."""
 
-    __slots__ = ("graph", "ref", "shape", "dtype")
-
-    def __init__(self, graph, ref, shape, dtype):
-        self.graph = graph
-        self.ref = ref
-        self.shape = shape
-        self.dtype = dtype
+    op: Op
+    inputs: tuple
+    scalar_lo: int
+    where: Any
 
 
-class Node:
-    __slots__ = ("op", "inputs", "scalar_lo", "where")
-
-    def __init__(self, op, inputs, scalar_lo, where):
-        self.op = op
-        self.inputs = inputs
-        self.scalar_lo = scalar_lo
-        self.where = where
+_new_node = tuple.__new__
 
 
 class PeriodDetector:
@@ -99,30 +91,39 @@ class PeriodDetector:
         hist = self.hist
         hist.append(h)
         runs = self.runs
+        best = 0
         if runs:
-            for p in list(runs):
-                if n - p >= 0 and hist[n - p] == h:
-                    runs[p] += 1
+            dead = None
+            for p, r in runs.items():
+                if hist[n - p] == h:
+                    r += 1
+                    runs[p] = r
+                    # r ops matched the op p earlier, so the last r + p ops repeat with period
+                    # p; a boundary is where a whole number of periods passed since it began
+                    if r >= p and r % p == 0 and (not best or p < best):
+                        best = p
+                elif dead is None:
+                    dead = [p]
                 else:
+                    dead.append(p)
+            if dead:
+                for p in dead:
                     del runs[p]
-        prev = self.last.get(h)
+        last = self.last
+        prev = last.get(h)
         if prev is not None:
             p = n - prev
-            if p <= self.lookback // 2 and p not in runs:
+            if p not in runs and p <= self.lookback // 2:
                 runs[p] = 1
-        self.last[h] = n
+                if p == 1 and not best:
+                    best = 1
+        last[h] = n
         self.n = n + 1
-        if len(hist) > 2 * self.lookback:
-            drop = len(hist) - self.lookback
+        if n >= 2 * self.lookback:
+            drop = n + 1 - self.lookback
             del hist[:drop]
             self.n -= drop
-            self.last = {k: v - drop for k, v in self.last.items() if v >= drop}
-        best = 0
-        for p, r in runs.items():
-            # r ops matched the op p earlier, so the last r + p ops repeat with period p; a
-            # boundary is where a whole number of periods has passed since the repetition began.
-            if r >= p and r % p == 0 and (best == 0 or p < best):
-                best = p
+            self.last = {k: v - drop for k, v in last.items() if v >= drop}
         return best
 
 
@@ -135,21 +136,20 @@ class Graph:
         self.input_avals: list = []  # (shape, jax dtype) per input, part of the key
         self._input_pos: dict[int, int] = {}
         self.scalars: list = []
-        self.storages: list = []  # weakrefs to storages whose value is Pending in this graph
+        self.storages: list = []  # weakrefs to storages whose value is pending in this graph
         self.sig: list = []  # per node (op id, inputs), the structural key
         self.reads: dict = {}  # (ref, plan, offset) -> ref, so repeated view reads share a node
-        self.hash = 0  # running hash of `sig`, so a cache lookup never rehashes the whole graph
 
     def __len__(self):
         return len(self.nodes)
 
-    def input_ref(self, array, aval) -> int:
+    def input_ref(self, array, shape, dtype) -> int:
         pos = self._input_pos.get(id(array))
         if pos is None:
             pos = len(self.inputs)
             self._input_pos[id(array)] = pos
             self.inputs.append(array)
-            self.input_avals.append(aval)
+            self.input_avals.append((shape, dtype))
         return -(pos + 1)
 
     def add(self, op: Op, inputs: tuple, scalars, where) -> int:
@@ -157,9 +157,8 @@ class Graph:
         lo = len(self.scalars)
         if scalars:
             self.scalars.extend(scalars)
-        self.nodes.append(Node(op, inputs, lo, where))
+        self.nodes.append(_new_node(Node, (op, inputs, lo, where)))
         self.sig.append((op.id, inputs))
-        self.hash = hash((self.hash, op.id, inputs))
         return idx << OUT_BITS
 
     def track(self, storage) -> None:

@@ -51,11 +51,12 @@ class Placeholder:
 class ArgSpec:
     """How to walk one op's arguments, from its schema."""
 
-    __slots__ = ("func", "pos", "kw", "allow_cpu")
+    __slots__ = ("func", "fid", "pos", "kw", "allow_cpu")
 
-    def __init__(self, func, static_names=(), allow_cpu=False):
+    def __init__(self, func, fid: int, static_names=(), allow_cpu=False):
         schema = func._schema
         self.func = func
+        self.fid = fid
         force_static = func.__name__.split(".")[0].rstrip("_") in _SHAPE_SCALARS
         kinds = {}
         for a in schema.arguments:
@@ -114,6 +115,11 @@ def _part(kind, a, spec, tensors, scalars):
             return a._lid
         if isinstance(a, torch.Tensor):
             return _cpu_scalar(a, spec, tensors, scalars)
+        t = type(a)
+        if (t is float or t is int) and (t is float or -(1 << 63) <= a < (1 << 63)):
+            # a Python number where a Tensor goes (`t / 2.5`): a wrapped number, a runtime input
+            scalars.append(a)
+            return ("py", t)
         return _static(a)
     if kind == STATIC:
         t = type(a)
@@ -139,7 +145,7 @@ def _part(kind, a, spec, tensors, scalars):
 
 def signature(spec: ArgSpec, args: tuple, kwargs: dict):
     """(hashable key, tpu tensors in order, runtime scalars in order)."""
-    key = [spec.func, len(args)]
+    key = [spec.fid, len(args)]
     tensors: list = []
     scalars: list = []
     pos = spec.pos
@@ -168,6 +174,9 @@ def template(spec: ArgSpec, args: tuple, kwargs: dict):
                     return Placeholder("c", counters[1] - 1)
                 counters[0] += 1
                 return Placeholder("t", counters[0] - 1)
+            if type(a) in (float, int) and (type(a) is float or -(1 << 63) <= a < (1 << 63)):
+                counters[1] += 1
+                return Placeholder("s", counters[1] - 1)
             return a
         if kind == TLIST:
             return [sub(T, x) for x in a]

@@ -23,29 +23,56 @@ _INTERNAL_PREFIXES = tuple(
 _is_internal: dict = {}
 
 
-def _internal(code) -> bool:
-    hit = _is_internal.get(code)
-    if hit is None:
-        fn = code.co_filename
-        hit = fn.startswith(_INTERNAL_PREFIXES) or fn.startswith("<frozen")
-        _is_internal[code] = hit
+def _classify(code) -> bool:
+    fn = code.co_filename
+    hit = fn.startswith(_INTERNAL_PREFIXES) or fn.startswith("<frozen")
+    _is_internal[code] = hit
     return hit
 
 
-def user_frame(depth: int = 2) -> tuple[str, int, str] | None:
-    """(filename, lineno, function) of the innermost user frame, or None (e.g. autograd thread)."""
+def user_frame(depth: int = 2):
+    """(code object, bytecode offset) of the innermost user frame, or None (autograd's thread).
+
+    This runs once per user-visible op, so it stores what is cheapest to read: the code object
+    (long-lived, free to hold, unlike the frame and its locals) and the instruction offset. The
+    line number is worked out only when a message or report needs it.
+    """
     f = sys._getframe(depth)
+    get = _is_internal.get
     while f is not None:
         code = f.f_code
-        if not _internal(code):
-            return (code.co_filename, f.f_lineno, code.co_name)
+        hit = get(code)
+        if hit is None:
+            hit = _classify(code)
+        if not hit:
+            return (code, f.f_lasti)
         f = f.f_back
-    if threading.current_thread() is not threading.main_thread():
-        return ("<autograd>", 0, "backward")
-    return None
+    return _AUTOGRAD if threading.current_thread() is not _MAIN else None
 
 
-def fmt(where: tuple[str, int, str] | None) -> str:
+_MAIN = threading.main_thread()
+_AUTOGRAD = ("<autograd>", 0)
+
+
+def _line(code, lasti: int) -> int:
+    for start, end, line in code.co_lines():
+        if start <= lasti < end and line is not None:
+            return line
+    return code.co_firstlineno
+
+
+def parts(where) -> tuple[str, int, str]:
+    """(filename, line, function) of a recorded location."""
+    if where is None:
+        return ("<unknown>", 0, "")
+    a, pos = where[0], where[1]
+    if isinstance(a, str):
+        return (a, pos, where[2] if len(where) > 2 else "")
+    return (a.co_filename, _line(a, pos), a.co_name)
+
+
+def fmt(where) -> str:
     if where is None:
         return "<unknown>"
-    return f"{where[0]}:{where[1]}"
+    filename, line, _ = parts(where)
+    return f"{filename}:{line}" if line else filename

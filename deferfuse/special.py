@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from . import engine, mode, sources, tensor
+from . import engine, sources, tensor
 from .config import CONFIG
 from .dtypes import to_jax_dtype
 from .events import METRICS
@@ -126,18 +126,18 @@ def assign(dst: TpuTensor, src: TpuTensor) -> None:
         raise sst.error
     if dst._lay is None and src._lay is None and ddtype == sdtype and dst._st.shape == sst.shape:
         # values are immutable: sharing one is a copy that costs nothing
-        v = sst.value
-        if v is None:
-            engine.value_ref(engine.STREAM.graph, sst)
-            v = sst.value
-        dst._st.value = v
-        if type(v) is engine.Pending:
-            v.graph.track(dst._st)
+        dst_st = dst._st
+        if sst.graph is not None:
+            dst_st.set_pending(sst.graph, sst.ref)
+        elif sst.value is not None:
+            dst_st.set_value(sst.value)
+        else:
+            g = engine.STREAM.graph
+            dst_st.set_pending(g, engine.value_ref(g, sst))
         return
     op = _convert_op(ssize, sdtype, dsize, ddtype)
     g, ref = engine.record(op, [src], None)
     engine.write(dst, ref, g)
-    mode.current().after_record(op)
 
 
 def assign_out(out: TpuTensor, result: TpuTensor) -> None:
@@ -208,7 +208,7 @@ def route_uninitialised(func, args, kwargs):
     size, stride, dtype = meta
     phys, perm = tensor.phys_layout(size, stride)
     st = Storage(None, phys, dtype)
-    return new_tensor(st, size, stride, 0, dtype, layout_id(size, stride, dtype), tensor.layout_for(st, size, stride, 0))
+    return new_tensor(st, size, stride, dtype, layout_id(size, stride, dtype), tensor.layout_for(st, size, stride, 0))
 
 
 def resize(t: TpuTensor, size: tuple) -> None:
@@ -230,7 +230,7 @@ def resize(t: TpuTensor, size: tuple) -> None:
     if old_numel and n:
         keep = min(old_numel, n)
         flat_old = t.detach().reshape(-1)[:keep]
-        tmp = new_tensor(new, size, stride, 0, t.dtype, layout_id(size, stride, t.dtype), None)
+        tmp = new_tensor(new, size, stride, t.dtype, layout_id(size, stride, t.dtype), None)
         flat_new = tmp.view(-1)[:keep]
         assign(flat_new, flat_old)
     t._st = new

@@ -1,13 +1,15 @@
 """The "tpu" tensor: a PyTorch wrapper subclass over a storage that holds a jax.Array or a pending value.
 
 A `TpuTensor` carries only metadata (size, stride, storage offset, dtype: PyTorch's own, so
-`t.shape` never syncs) and a reference to a `Storage`. The storage holds one value: a concrete
-`jax.Array`, a `Pending` value of the current graph, or None for uninitialised memory. Views share
-the storage, so aliasing is exactly PyTorch's.
+`t.shape` never syncs) and a reference to a `Storage`, which holds one value: a concrete
+`jax.Array`, a pending value of the current graph, or nothing yet (uninitialised memory). Views share
+the storage, so aliasing is exactly PyTorch's. The storage offset lives in the view layout
+(`offset_of`), so a whole-storage tensor carries no view state at all.
 """
 from __future__ import annotations
 
 import math
+import weakref
 
 import jax
 import numpy as np
@@ -35,12 +37,19 @@ def layout_id(size: tuple, stride: tuple, dtype: torch.dtype) -> int:
 
 
 class Storage:
-    """One buffer. `shape` is its physical (row-major) shape; `value` is replaced, never mutated."""
+    """One buffer, in a row-major "physical" `shape`.
 
-    __slots__ = ("value", "shape", "dtype", "error", "__weakref__")
+    Exactly one of three states: concrete (`value` is a jax.Array), pending (`graph` is the
+    current pending graph and `ref` names the value there), or uninitialised (neither; reads as
+    zeros). A new value replaces the old one; arrays are never mutated.
+    """
 
-    def __init__(self, value, shape: tuple, dtype: torch.dtype):
+    __slots__ = ("value", "graph", "ref", "shape", "dtype", "error", "__weakref__")
+
+    def __init__(self, value, shape: tuple, dtype: torch.dtype, graph=None, ref: int = 0):
         self.value = value
+        self.graph = graph
+        self.ref = ref
         self.shape = shape
         self.dtype = dtype
         self.error = None
@@ -52,6 +61,16 @@ class Storage:
     @property
     def nbytes(self) -> int:
         return self.numel * self.dtype.itemsize
+
+    def set_pending(self, graph, ref: int) -> None:
+        self.value = None
+        self.graph = graph
+        self.ref = ref
+        graph.storages.append(weakref.ref(self))
+
+    def set_value(self, array) -> None:
+        self.value = array
+        self.graph = None
 
 
 # What the next host read is for (print, bool, item, ...): set by the dunder methods below so a
@@ -79,7 +98,6 @@ class TpuTensor(torch.Tensor):
     _st: Storage
     _lay: tuple | None  # None: the tensor is its whole storage, contiguous; else (plan, offset)
     _lid: int  # interned (size, stride, dtype)
-    _off: int  # storage offset
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
@@ -132,7 +150,7 @@ class TpuTensor(torch.Tensor):
                 f"deferfuse: cannot set .data of a tpu tensor to a tensor on {new.device}; move it with .to('tpu') first"
             )
         torch.Tensor.data.__set__(self, new)
-        self._st, self._lay, self._lid, self._off = new._st, new._lay, new._lid, new._off
+        self._st, self._lay, self._lid = new._st, new._lay, new._lid
 
 
 def _rebuild(cpu: torch.Tensor, requires_grad: bool) -> torch.Tensor:
@@ -146,29 +164,49 @@ def _dispatch(func, args, kwargs):  # replaced by dispatch.py at import
 _make = torch.Tensor._make_wrapper_subclass
 
 
-def new_tensor(st: Storage, size: tuple, stride: tuple, offset: int, dtype: torch.dtype, lid: int, lay) -> TpuTensor:
+def new_tensor(st: Storage, size: tuple, stride: tuple, dtype: torch.dtype, lid: int, lay) -> TpuTensor:
     if lay is None:
         t = _make(TpuTensor, size, dtype=dtype, device=DEVICE)
     else:
-        t = _make(TpuTensor, size, strides=stride, storage_offset=offset, dtype=dtype, device=DEVICE)
+        t = _make(TpuTensor, size, strides=stride, storage_offset=lay[1], dtype=dtype, device=DEVICE)
     t._st = st
     t._lay = lay
     t._lid = lid
-    t._off = offset
     return t
 
 
+def offset_of(t: TpuTensor) -> int:
+    lay = t._lay
+    return 0 if lay is None else lay[1]
+
+
+_PLANS: dict[tuple, tuple | None] = {}
+
+
 def layout_for(st: Storage, size: tuple, stride: tuple, offset: int):
-    """None when the view is its whole storage read contiguously, else (read plan, offset)."""
-    if offset == 0 and size == st.shape and views.is_contiguous(size, stride):
-        return None
-    return (views.plan_view(st.shape, size, stride, offset), offset)
+    """None when the view is its whole storage read contiguously, else (read plan, offset).
+
+    Plans are cached per (storage shape, size, stride, offset): views are created on every step
+    of a training loop, and planning costs far more than a dict lookup.
+    """
+    key = (st.shape, size, stride, offset)
+    try:
+        plan = _PLANS[key]
+    except KeyError:
+        if offset == 0 and size == st.shape and views.is_contiguous(size, stride):
+            plan = None
+        else:
+            plan = views.plan_view(st.shape, size, stride, offset)
+        if len(_PLANS) > 200_000:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return None if plan is None else (plan, offset)
 
 
 def view_of(base: TpuTensor, size: tuple, stride: tuple, offset: int, dtype: torch.dtype | None = None) -> TpuTensor:
     st = base._st
     dtype = dtype or base.dtype
-    return new_tensor(st, size, stride, offset, dtype, layout_id(size, stride, dtype), layout_for(st, size, stride, offset))
+    return new_tensor(st, size, stride, dtype, layout_id(size, stride, dtype), layout_for(st, size, stride, offset))
 
 
 def phys_layout(size: tuple, stride: tuple) -> tuple[tuple, tuple | None]:
@@ -188,7 +226,7 @@ def from_concrete(array: jax.Array, dtype: torch.dtype) -> TpuTensor:
     size = tuple(array.shape)
     stride = views.contiguous_strides(size)
     st = Storage(array, size, dtype)
-    return new_tensor(st, size, stride, 0, dtype, layout_id(size, stride, dtype), None)
+    return new_tensor(st, size, stride, dtype, layout_id(size, stride, dtype), None)
 
 
 def host_to_jax(t: torch.Tensor) -> jax.Array:

@@ -4,7 +4,6 @@ An executor does not run ops itself (the engine records and the cache runs); it 
 the pending graph is flushed and what is checked around it:
 
 - `before_op(func, args, kwargs)`: called for each top-level op before it is recorded.
-- `after_record()`: called after every recorded node, nested ones included.
 - `after_op(func)`: called when a top-level op has returned.
 - `on_exit()`: called when a `with deferfuse.mode(...)` block of this kind ends.
 """
@@ -28,9 +27,6 @@ class Executor:
     checks_before = False  # whether before_op does anything (saves a call on the hot path)
 
     def before_op(self, func, args, kwargs) -> None:
-        pass
-
-    def after_record(self, op) -> None:
         pass
 
     def after_op(self, func) -> None:

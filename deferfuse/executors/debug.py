@@ -64,7 +64,7 @@ class DebugExecutor(Executor):
     def after_op(self, func) -> None:
         if not engine.STREAM.graph.nodes:
             return
-        where = sources.user_frame(2)
+        where = engine.STREAM.where or sources.user_frame(2)
         done = engine.flush("debug_op", where)
         engine.block(done)
         if CONFIG.debug_nan_check and getattr(self, "_inputs_finite", False):

@@ -19,13 +19,22 @@ from .base import EagerMode, Executor
 class DeferredExecutor(Executor):
     kind = EagerMode.DEFER_AND_FUSE
 
-    def after_record(self, op) -> None:
+    def after_op(self, func) -> None:
+        """Runs after each top-level op: feed the period detector, cut or cap if due.
+
+        The detector sees one hash per top-level op that recorded anything (the op and how many
+        nodes it added), so cuts always fall between user-visible ops, never inside one.
+        """
         stream = engine.STREAM
         n = len(stream.graph.nodes)
-        if stream.period.push(op.id) and n >= CONFIG.period_min_ops:
-            engine.flush("repeated_op_heuristic", sources.user_frame(3) if CONFIG.source_lines else None)
+        added = n - stream.pushed
+        if not added:
+            return
+        stream.pushed = n
+        if stream.period.push(hash((func._df.fid, added))) and n >= CONFIG.period_min_ops:
+            engine.flush("repeated_op_heuristic", stream.where)
         elif n >= CONFIG.max_pending:
-            engine.flush("size_cap", sources.user_frame(3) if CONFIG.source_lines else None)
+            engine.flush("size_cap", stream.where)
 
     def on_exit(self) -> None:
         engine.flush("mode_exit", sources.user_frame(3))

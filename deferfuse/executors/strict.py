@@ -5,8 +5,7 @@ host only blocks at a sync point (`.item()`, `.cpu()`, print).
 """
 from __future__ import annotations
 
-from .. import engine, sources
-from ..config import CONFIG
+from .. import engine
 from .base import EagerMode, Executor
 
 
@@ -15,4 +14,4 @@ class StrictExecutor(Executor):
 
     def after_op(self, func) -> None:
         if engine.STREAM.graph.nodes:
-            engine.flush("strict_op", sources.user_frame(2) if CONFIG.source_lines else None)
+            engine.flush("strict_op", engine.STREAM.where)

@@ -79,17 +79,22 @@ def _touches_tpu(types, args, kwargs) -> bool:
 class DeferfuseMode(TorchDispatchMode):
     """Context manager selecting Strict, Debug or DeferAndFuse for the code inside it."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # TorchDispatchMode wraps __torch_dispatch__ in torch._disable_dynamo, which costs more
+        # than the rest of our per-op recording; deferfuse's modes are not traced by dynamo.
+        return False
+
     def __init__(self, kind: "str | EagerMode" = EagerMode.DEFER_AND_FUSE):
         super().__init__()
         self.kind = as_mode(kind)
         self.executor = EXECUTORS[self.kind]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if _touches_tpu(types, args, kwargs):
-            from .dispatch import dispatch
-
-            return dispatch(func, args, kwargs)
+        if kwargs is None:
+            kwargs = {}
+        if TpuTensor in types or _touches_tpu(types, args, kwargs):
+            return _dispatch(func, args, kwargs)
         return func(*args, **kwargs)
 
     def __enter__(self):
@@ -120,6 +125,13 @@ class DeferfuseMode(TorchDispatchMode):
 
     def __repr__(self):
         return f"deferfuse.mode({self.kind.value!r})"
+
+
+def _dispatch(func, args, kwargs):
+    from .dispatch import dispatch
+
+    globals()["_dispatch"] = dispatch
+    return dispatch(func, args, kwargs)
 
 
 def mode(kind: "str | EagerMode" = EagerMode.DEFER_AND_FUSE) -> DeferfuseMode:

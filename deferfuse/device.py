@@ -102,7 +102,37 @@ def register() -> None:
 
     _lib = torch.library.Library("_", "IMPL")
     _lib.fallback(_factory_fallback, "PrivateUse1")
+    # Ops that C++ kernels call below the Python key (CPU's copy_ calls _copy_from on the
+    # destination's device) need a registration of their own: PyTorch's boxed Python fallback
+    # only serves ops that reach it from a Python-visible call.
+    # The same goes for factories that BackendSelect redispatches straight to the backend.
+    global _impls
+    _impls = torch.library.Library("aten", "IMPL")
+    for name in ("_copy_from", "_copy_from_and_resize"):
+        _impls.impl(name, _copy_from, "PrivateUse1")
+    for op in (torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default):
+        _impls.impl(op._schema.name.split("::")[1] + "." + op._overloadname if op._overloadname != "default"
+                    else op._schema.name.split("::")[1], _factory(op), "PrivateUse1")
     _registered = True
+
+
+def _factory(op):
+    def impl(*args, **kwargs):
+        from .dispatch import dispatch
+
+        return dispatch(op, args, kwargs)
+
+    return impl
+
+
+_impls = None
+
+
+def _copy_from(src, dst, non_blocking=False):
+    from .dispatch import dispatch
+
+    dispatch(torch.ops.aten.copy_.default, (dst, src), {})
+    return dst
 
 
 DEVICE = None  # set by deferfuse/__init__ once registered

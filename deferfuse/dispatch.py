@@ -36,9 +36,14 @@ _VIEWS: dict[tuple, tuple] = {}
 _CHECKED: set = set()
 _depth = 0
 
+# PyTorch's Core ATen decompositions, plus its other ATen-level ones. Reference implementations
+# from torch._refs outside the core set are left out: they lower to prims, some of which come back
+# to the very op being decomposed.
 DECOMPOSITIONS = dict(core_aten_decompositions())
 for _op, _fn in decomposition_table.items():
-    DECOMPOSITIONS.setdefault(_op, _fn)
+    if getattr(_fn, "__module__", "") == "torch._decomp.decompositions":
+        DECOMPOSITIONS.setdefault(_op, _fn)
+_DECOMPOSING: set = set()
 
 
 class FuncInfo:
@@ -269,8 +274,22 @@ def route_inplace_view(func, args, kwargs):
 
 
 def set_metadata(t: TpuTensor, size, stride, off) -> None:
+    """Change a tpu tensor's own size/stride/offset (in-place views, resize_, set_).
+
+    The wrapper's C++ storage is only a size bound (it holds no data), so when the new view needs
+    a larger one, a storage of the right size is borrowed from a fresh wrapper and attached with
+    the Meta kernel of `set_`, the one kernel that edits a TensorImpl of any device.
+    """
+    size, stride = tuple(size), tuple(stride)
+    extent = off + 1 + sum((n - 1) * st for n, st in zip(size, stride)) if all(n > 0 for n in size) else off
     with torch._C._DisableTorchDispatch():
-        aten.as_strided_.default(t, size, stride, off)
+        if extent * t.dtype.itemsize <= t.untyped_storage().nbytes():
+            aten.as_strided_.default(t, size, stride, off)
+        else:
+            donor = torch.Tensor._make_wrapper_subclass(TpuTensor, (extent,), dtype=t.dtype, device=tensor.DEVICE)
+            aten.set_.source_Storage_storage_offset._op_dk(
+                torch._C.DispatchKey.Meta, t, donor.untyped_storage(), off, size, stride
+            )
     t._lid = layout_id(size, stride, t.dtype)
     t._lay = tensor.layout_for(t._st, size, stride, off)
 
@@ -287,19 +306,18 @@ def _functional_variant(func):
     if not mutable:
         return None
     if schema.arguments[0].alias_info is not None and schema.arguments[0].alias_info.is_write and name.endswith("_"):
-        base = getattr(aten, name[:-1], None)
-        if base is None and name.endswith("_") and hasattr(aten, name[:-1] + "_functional"):
-            base = getattr(aten, name[:-1] + "_functional")
-        if base is None:
-            return None
-        cand = getattr(base, func._overloadname, None)
-        if cand is not None and len(cand._schema.arguments) == len(schema.arguments):
-            return ("inplace", cand)
         want = [(a.name, str(a.type)) for a in schema.arguments]
-        for ov in base.overloads():
-            c = getattr(base, ov)
-            if [(a.name, str(a.type)) for a in c._schema.arguments] == want:
-                return ("inplace", c)
+        for base_name in (name[:-1], name[:-1] + "_functional"):
+            base = getattr(aten, base_name, None)
+            if base is None:
+                continue
+            cand = getattr(base, func._overloadname, None)
+            if cand is not None and not cand._schema.is_mutable and len(cand._schema.arguments) == len(want):
+                return ("inplace", cand)
+            for ov in base.overloads():
+                c = getattr(base, ov)
+                if not c._schema.is_mutable and [(a.name, str(a.type)) for a in c._schema.arguments] == want:
+                    return ("inplace", c)
         return None
     outs = [a for a in mutable if a.kwarg_only]
     if len(outs) != len(mutable):
@@ -309,12 +327,18 @@ def _functional_variant(func):
         c = getattr(packet, ov)
         if c._schema.is_mutable:
             continue
-        if [(a.name, str(a.type)) for a in c._schema.arguments] == want:
-            return ("out", c, [a.name for a in outs])
+        have = [(a.name, str(a.type)) for a in c._schema.arguments]
+        if have == want:
+            return ("out", c, [a.name for a in outs], False)
+        # factories: the functional form also takes dtype/layout/device/pin_memory
+        extra = [h for h in have if h not in want]
+        if [h for h in have if h in want] == want and extra and all(n in _FACTORY_KWARGS for n, _ in extra):
+            return ("out", c, [a.name for a in outs], True)
     return None
 
 
 _FUNCTIONAL: dict = {}
+_FACTORY_KWARGS = {"dtype", "layout", "device", "pin_memory", "memory_format"}
 
 
 def route_mutating(func, args, kwargs):
@@ -329,8 +353,11 @@ def route_mutating(func, args, kwargs):
             return None
         special.assign(target, result)
         return target
-    _, functional, out_names = kind
+    _, functional, out_names, factory = kind
     fkwargs = {k: v for k, v in kwargs.items() if k not in out_names}
+    if factory:
+        fkwargs["dtype"] = kwargs[out_names[0]].dtype
+        fkwargs["device"] = kwargs[out_names[0]].device
     result = dispatch(functional, args, fkwargs)
     outs = [kwargs[n] for n in out_names]
     results = [result] if len(outs) == 1 else list(result)
@@ -353,16 +380,28 @@ def _check_meta(func, args, kwargs) -> None:
 # --- everything else ---------------------------------------------------------------------------
 
 
+def _expand(func, args, kwargs, how):
+    """Run a decomposition/composite kernel; if it comes back to `func` itself, fall back."""
+    if func in _DECOMPOSING:
+        return fallback.run(func, args, kwargs, reason="its decomposition re-enters it")
+    _DECOMPOSING.add(func)
+    try:
+        return how(*args, **kwargs)
+    finally:
+        _DECOMPOSING.discard(func)
+
+
 def route_decomposed(func, args, kwargs):
-    return DECOMPOSITIONS[func](*args, **kwargs)
+    return _expand(func, args, kwargs, DECOMPOSITIONS[func])
 
 
 def route_composite(func, args, kwargs):
-    return func.decompose(*args, **kwargs)
+    return _expand(func, args, kwargs, func.decompose)
 
 
 def route_explicit(func, args, kwargs):
-    return func._op_dk(torch._C.DispatchKey.CompositeExplicitAutograd, *args, **kwargs)
+    return _expand(func, args, kwargs,
+                   lambda *a, **k: func._op_dk(torch._C.DispatchKey.CompositeExplicitAutograd, *a, **k))
 
 
 def route_fallback(func, args, kwargs):

@@ -70,7 +70,7 @@ def torch_to_numpy(t: torch.Tensor) -> np.ndarray:
 
 def numpy_to_torch(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     via = _BITCAST_VIA.get(dtype)
-    a = np.ascontiguousarray(a)
+    a = np.asarray(a, order="C")  # (ascontiguousarray would turn 0-d into 1-d)
     if via is not None:
         return torch.from_numpy(a.view(TORCH_TO_JAX[via].type).copy()).view(dtype)
     if not a.flags.writeable:

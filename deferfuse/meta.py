@@ -11,6 +11,7 @@ learning rates, `alpha=`, bias corrections) and statics (baked into the program 
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -240,7 +241,9 @@ def run_meta(func, args: tuple, kwargs: dict):
     mkwargs = {k: to_meta(v) for k, v in kwargs.items()}
     if "device" in mkwargs and mkwargs["device"] is not None:
         mkwargs["device"] = torch.device("meta")
-    with torch.utils._python_dispatch._disable_current_modes():
+    with torch.utils._python_dispatch._disable_current_modes(), warnings.catch_warnings():
+        # the real call warns (at the user's line) if it must; the meta rehearsal stays quiet
+        warnings.simplefilter("ignore")
         return func(*margs, **mkwargs)
 
 

@@ -47,7 +47,27 @@ def user_frame(depth: int = 2):
         if not hit:
             return (code, f.f_lasti)
         f = f.f_back
-    return _AUTOGRAD if threading.current_thread() is not _MAIN else None
+    if threading.current_thread() is not _MAIN:
+        # PyTorch runs backward on its own thread while the main thread waits inside
+        # `loss.backward()`: attribute the op to that line.
+        main = sys._current_frames().get(_MAIN.ident)
+        if main is not None and main is not f:
+            return user_frame_of(main) or _AUTOGRAD
+        return _AUTOGRAD
+    return None
+
+
+def user_frame_of(f):
+    get = _is_internal.get
+    while f is not None:
+        code = f.f_code
+        hit = get(code)
+        if hit is None:
+            hit = _classify(code)
+        if not hit:
+            return (code, f.f_lasti)
+        f = f.f_back
+    return None
 
 
 _MAIN = threading.main_thread()

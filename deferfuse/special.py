@@ -147,13 +147,15 @@ def assign_out(out: TpuTensor, result: TpuTensor) -> None:
         if out.numel() != 0:
             import warnings
 
-            warnings.warn(
+            filename, line, _ = sources.parts(engine.STREAM.where or sources.user_frame(2))
+            warnings.warn_explicit(
                 f"An output with one or more elements was resized since it had shape {list(out.shape)}, which "
                 f"does not match the required output shape {list(rsize)}. This behavior is deprecated, and in a "
                 "future PyTorch release outputs will not be resized unless they have zero elements. You can "
                 "explicitly reuse an out tensor t by resizing it, inplace, to zero elements with t.resize_(0).",
                 UserWarning,
-                stacklevel=4,
+                filename,
+                line,
             )
         resize(out, rsize)
     assign(out, result)
@@ -223,10 +225,6 @@ def resize(t: TpuTensor, size: tuple) -> None:
     n = 1
     for d in size:
         n *= d
-    st = t.untyped_storage()
-    need = n * t.dtype.itemsize
-    if st.nbytes() < need:
-        st.resize_(need)
     if old_numel and n:
         keep = min(old_numel, n)
         flat_old = t.detach().reshape(-1)[:keep]
@@ -252,10 +250,6 @@ def route_set_source_tensor(func, args, kwargs):
     from .dispatch import set_metadata
 
     t, src = args[0], args[1]
-    st = t.untyped_storage()
-    need = src._st.numel * src.dtype.itemsize
-    if st.nbytes() < need:
-        st.resize_(need)
     t._st = src._st
     set_metadata(t, tuple(src.shape), tuple(src.stride()), src.storage_offset())
     return t
@@ -308,6 +302,49 @@ def bool_indices_to_long(indices, cause="data_dependent"):
     return out
 
 
+def _has_mask(indices) -> bool:
+    return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices)
+
+
+def route_index(func, args, kwargs):
+    """x[indices]: boolean masks become integer indices first (a data-dependent shape)."""
+    from .dispatch import route_lowered
+
+    x, indices = args[0], list(args[1])
+    if _has_mask(indices):
+        indices = bool_indices_to_long(indices)
+    return route_lowered(func, (x, indices) + tuple(args[2:]), kwargs)
+
+
+def route_index_put(func, args, kwargs):
+    """x[indices] = values. A single mask with a single value is a `where` (no sync); any other
+    mask needs its nonzero positions first."""
+    from .dispatch import dispatch, route_lowered
+
+    x, indices, values = args[0], list(args[1]), args[2]
+    accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+    inplace = func is aten.index_put_.default
+    if _has_mask(indices):
+        m = indices[0]
+        if len(indices) == 1 and not accumulate and values.numel() == 1 and isinstance(m, TpuTensor):
+            if m.dtype != torch.bool:
+                m = dispatch(aten._to_copy.default, (m,), {"dtype": torch.bool})
+            m = dispatch(aten.view.default, (m, tuple(m.shape) + (1,) * (x.dim() - m.dim())), {})
+            v = values.reshape(()) if isinstance(values, TpuTensor) else values.reshape(()).to(x.dtype)
+            result = dispatch(aten.where.self, (m, v, x), {})
+            if result.dtype != x.dtype:
+                result = dispatch(aten._to_copy.default, (result,), {"dtype": x.dtype})
+            if inplace:
+                assign(x, result)
+                return x
+            return result
+        indices = bool_indices_to_long(indices)
+    if inplace:
+        assign(x, dispatch(aten.index_put.default, (x, indices, values, accumulate), {}))
+        return x
+    return route_lowered(func, (x, indices, values, accumulate), {})
+
+
 def route_equal(func, args, kwargs):
     a, b = args[0], args[1]
     if tuple(a.shape) != tuple(b.shape):
@@ -331,4 +368,9 @@ HANDLERS = {
     aten.lift_fresh.default: route_lift_fresh,
     aten.set_.source_Tensor: route_set_source_tensor,
     aten.equal.default: route_equal,
+    aten.index.Tensor: route_index,
+    aten._unsafe_index.Tensor: route_index,
+    aten.index_put.default: route_index_put,
+    aten.index_put_.default: route_index_put,
+    aten._unsafe_index_put.default: route_index_put,
 }

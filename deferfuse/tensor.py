@@ -127,6 +127,14 @@ class TpuTensor(torch.Tensor):
     def tolist(self):
         return _with_cause("tolist", lambda: torch.Tensor.tolist(self.cpu()))
 
+    def numpy(self, *, force: bool = False):
+        if force:
+            return _with_cause("to_cpu", lambda: self.detach().cpu().numpy())
+        raise TypeError(
+            f"can't convert {self.device} device type tensor to numpy. Use Tensor.cpu() to copy the tensor to "
+            "host memory first."
+        )
+
     def __repr__(self, *, tensor_contents=None):
         return _with_cause("print", _repr, self)
 

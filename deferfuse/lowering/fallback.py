@@ -36,11 +36,13 @@ def _note(func, reason: str) -> None:
     where = sources.user_frame(3)
     if name not in _warned:
         _warned.add(name)
-        warnings.warn(
+        filename, line, _ = sources.parts(where)
+        warnings.warn_explicit(
             f"deferfuse: Falling back to CPU for '{name}' ({reason}); this copies its inputs to the host. "
             "See deferfuse.metrics()['cpu_fallbacks'].",
             UserWarning,
-            stacklevel=3,
+            filename,
+            line,
         )
     events.emit("fallback", op=name, where=where, reason=reason)
 

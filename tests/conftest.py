@@ -1,0 +1,58 @@
+"""Shared helpers: run the same code on CPU PyTorch and on "tpu" in each mode, and compare."""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+import pytest
+import torch
+
+import deferfuse
+
+MODES = ["strict", "debug", "defer_and_fuse"]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+
+
+def to_cpu(x):
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu() if x.device.type == "tpu" else x.detach()
+    if isinstance(x, (list, tuple)):
+        return type(x)(to_cpu(y) for y in x)
+    if isinstance(x, dict):
+        return {k: to_cpu(v) for k, v in x.items()}
+    return x
+
+
+def run_on(fn, device: str, mode: str | None):
+    ctx = deferfuse.mode(mode) if mode else contextlib.nullcontext()
+    with ctx:
+        out = fn(device)
+        out = to_cpu(out)
+    return out
+
+
+def check_all_modes(fn, **tol):
+    """fn(device) -> tensors; its result on tpu in every mode must equal CPU eager's."""
+    expected = run_on(fn, "cpu", None)
+    for m in MODES:
+        got = run_on(fn, "tpu", m)
+        torch.testing.assert_close(got, expected, **tol, msg=lambda s, m=m: f"[{m}] {s}")
+
+
+@pytest.fixture(autouse=True)
+def _clean_engine():
+    deferfuse.sync()
+    deferfuse.reset_metrics()
+    yield
+    deferfuse.sync()
+
+
+@pytest.fixture
+def events():
+    deferfuse.events.start_collecting()
+    try:
+        yield deferfuse.events.events
+    finally:
+        deferfuse.events.stop_collecting()

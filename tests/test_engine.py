@@ -1,0 +1,166 @@
+"""Dead intermediates, errors at the recording line, failed flushes, the CPU fallback, the cache."""
+from __future__ import annotations
+
+import inspect
+import traceback
+
+import pytest
+import torch
+
+import deferfuse
+from deferfuse import engine
+
+
+def test_dead_intermediates_are_never_materialised(events):
+    with deferfuse.mode():
+        x = torch.arange(8.0, device="tpu")
+        y = x * 2
+        y = y + 1
+        y = torch.exp(y)
+        y = y.sum()
+        del x
+        value = y.item()
+    flush = [e for e in events() if e["kind"] == "flush"][-1]
+    assert flush["outputs"] == 1, flush
+    assert flush["skipped"] >= 3
+    assert value == pytest.approx(torch.exp(torch.arange(8.0) * 2 + 1).sum().item(), rel=1e-6)
+
+
+def test_live_intermediate_becomes_an_output(events):
+    with deferfuse.mode():
+        x = torch.arange(8.0, device="tpu")
+        y = x * 2
+        z = (y + 1).sum()
+        z.item()
+    flush = [e for e in events() if e["kind"] == "flush"][-1]
+    assert flush["outputs"] == 3  # x, y and z are alive
+    torch.testing.assert_close(y.cpu(), torch.arange(8.0) * 2)
+
+
+def test_shape_error_raises_at_the_recording_line_and_pending_work_survives():
+    with deferfuse.mode():
+        a = torch.ones(3, 4, device="tpu")
+        b = a * 2 + 1  # pending
+        line = inspect.currentframe().f_lineno + 2
+        with pytest.raises(RuntimeError) as info:
+            a + torch.ones(5, device="tpu")
+        frames = traceback.extract_tb(info.value.__traceback__)
+        assert any(f.filename == __file__ and f.lineno == line for f in frames)
+        torch.testing.assert_close(b.cpu(), torch.full((3, 4), 3.0))
+
+
+def test_same_exception_types_as_cpu():
+    for dev in ("cpu", "tpu"):
+        with deferfuse.mode():
+            x = torch.ones(2, 3, device=dev)
+            with pytest.raises(IndexError):
+                x[5]
+            with pytest.raises(RuntimeError):
+                x.view(4)
+            with pytest.raises(RuntimeError):
+                torch.mm(x, x)
+            with pytest.raises(RuntimeError):
+                x.add_(torch.ones(4, 2, 3, device=dev))
+
+
+def test_failed_flush_raises_at_sync_point_and_keeps_engine_usable(monkeypatch):
+    from deferfuse.lowering import LOWERINGS
+
+    low = LOWERINGS[torch.ops.aten.sin.default]
+
+    def broken(x):
+        raise ValueError("lowering exploded")
+
+    monkeypatch.setattr(low, "fn", broken) if False else None
+    object.__setattr__(low, "fn", broken)
+    try:
+        with pytest.raises(deferfuse.FlushError) as info:
+            with deferfuse.mode():
+                a = torch.arange(4.0, device="tpu") + 1  # fine
+                b = torch.sin(a) * 2  # this program cannot be built
+                line = inspect.currentframe().f_lineno - 1
+                a_host = a.cpu()  # noqa: F841
+        msg = str(info.value)
+        assert "aten.sin.default" in msg and f"{__file__}:{line}" in msg
+        torch.testing.assert_close(a.cpu(), torch.arange(4.0) + 1)  # values before the failure are valid
+        with pytest.raises(deferfuse.FlushError):
+            b.cpu()  # values after it re-raise the failure
+    finally:
+        object.__setattr__(low, "fn", lambda x: __import__("jax").numpy.sin(x))
+    with deferfuse.mode():
+        c = torch.arange(3.0, device="tpu") * 3
+        assert c.cpu().tolist() == [0.0, 3.0, 6.0]
+
+
+def test_cpu_fallback_is_counted_and_warns_once():
+    x = torch.arange(6.0).reshape(2, 3)
+    with pytest.warns(UserWarning, match="Falling back to CPU for 'aten.cummax.default'"):
+        vals, idx = torch.cummax(x.to("tpu"), dim=1)
+    torch.testing.assert_close(vals.cpu(), torch.cummax(x, 1).values)
+    assert deferfuse.metrics()["cpu_fallbacks"]["aten.cummax.default"] == 1
+    torch.cummax(x.to("tpu"), dim=1)
+    assert deferfuse.metrics()["cpu_fallbacks"]["aten.cummax.default"] == 2
+
+
+def test_cpu_fallback_can_be_an_error(monkeypatch):
+    monkeypatch.setattr(deferfuse.CONFIG, "no_cpu_fallback", True)
+    with pytest.raises(NotImplementedError, match="aten.cummax.default"):
+        torch.cummax(torch.ones(3, device="tpu"), dim=0)
+
+
+def test_recorded_fallback_splits_programs(events):
+    with deferfuse.mode():
+        x = torch.arange(6.0, device="tpu").reshape(2, 3) + 1
+        v, _ = torch.cummax(x * 2, dim=1)  # a host node in the middle of the graph
+        out = (v + 1).sum().item()
+    assert out == pytest.approx(float((torch.cummax((torch.arange(6.0).reshape(2, 3) + 1) * 2, 1).values + 1).sum()))
+    flush = [e for e in events() if e["kind"] == "flush"][-1]
+    assert flush["groups"] >= 3  # device group, host op, device group
+
+
+def test_strict_and_deferred_share_one_cache():
+    x = torch.arange(5.0, device="tpu")
+    with deferfuse.mode("strict"):
+        torch.tanh(x)
+    misses = deferfuse.metrics()["cache_misses"]
+    with deferfuse.mode():
+        y = torch.tanh(x)
+        y.cpu()
+    m = deferfuse.metrics()
+    assert m["cache_misses"] == misses  # the one-op DeferAndFuse flush hit Strict's entry
+    assert m["cache_hits"] >= 1
+
+
+def test_scalars_do_not_recompile():
+    x = torch.arange(5.0, device="tpu")
+    before = deferfuse.metrics()["cache_misses"]
+    with deferfuse.mode():
+        for lr in (0.1, 0.2, 0.3, 0.4):
+            (x * lr + lr).sum().item()
+    assert deferfuse.metrics()["cache_misses"] == before + 1
+
+
+def test_metrics_and_reset():
+    with deferfuse.mode():
+        (torch.ones(3, device="tpu") * 2).sum().item()
+    m = deferfuse.metrics()
+    for key in ("ops_recorded", "flushes_by_cause", "cache_hits", "cache_misses", "compile_seconds",
+                "execute_calls", "cpu_fallbacks"):
+        assert key in m
+    assert m["ops_recorded"] >= 2 and m["execute_calls"] >= 1
+    deferfuse.reset_metrics()
+    assert deferfuse.metrics()["ops_recorded"] == 0
+
+
+def test_set_default_mode_and_env_names():
+    assert deferfuse.get_default_mode() == deferfuse.EagerMode.STRICT
+    deferfuse.set_default_mode("defer_and_fuse")
+    try:
+        y = torch.ones(3, device="tpu") * 4
+        assert engine.pending_count() > 0
+        assert y.cpu().tolist() == [4.0, 4.0, 4.0]
+    finally:
+        deferfuse.set_default_mode(deferfuse.EagerMode.DEFER_NEVER)
+    assert deferfuse.get_default_mode() == deferfuse.EagerMode.STRICT
+    with pytest.raises(ValueError):
+        deferfuse.mode("fast")

@@ -1,0 +1,77 @@
+"""The examples train to CPU eager's numbers in every mode, and settle into a fixed set of programs."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import deferfuse
+import gpt_train
+import mlp_train
+from conftest import MODES
+
+GPT_CFG = gpt_train.GPTConfig(layers=4, dim=64, heads=4, seq=32)
+
+
+@pytest.fixture(scope="module")
+def gpt_cpu_losses():
+    return gpt_train.train("cpu", 20, GPT_CFG, batch=4, log_every=1, quiet=True)
+
+
+@pytest.fixture(scope="module")
+def mlp_cpu_losses():
+    return mlp_train.train("cpu", 20, width=128, batch=32, log_every=1, quiet=True)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gpt_matches_cpu(mode, gpt_cpu_losses):
+    losses = gpt_train.train(mode, 20, GPT_CFG, batch=4, log_every=1, quiet=True)
+    assert len(losses) == 20
+    torch.testing.assert_close(losses, gpt_cpu_losses, rtol=1e-4, atol=0)
+    assert deferfuse.metrics()["cpu_fallbacks_total"] == 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_mlp_matches_cpu(mode, mlp_cpu_losses):
+    losses = mlp_train.train(mode, 20, width=128, batch=32, log_every=1, quiet=True)
+    torch.testing.assert_close(losses, mlp_cpu_losses, rtol=1e-4, atol=0)
+    assert deferfuse.metrics()["cpu_fallbacks_total"] == 0
+
+
+def _gpt_loop(steps: int, item_every: int | None, cfg=GPT_CFG):
+    torch.manual_seed(0)
+    model = gpt_train.GPT(cfg).to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, 1000)
+    data = gpt_train.batches(cfg, 4)
+    per_step = []
+    with deferfuse.mode():
+        for step in range(steps):
+            x, y = next(data)
+            x, y = x.to("tpu"), y.to("tpu")
+            loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad()
+            sched.step()
+            if item_every and step % item_every == 0:
+                loss.item()
+            m = deferfuse.metrics()
+            per_step.append((m["cache_misses"], m["pending_nodes"]))
+    return per_step
+
+
+def test_no_recompiles_after_step_3_with_item_every_5_steps():
+    per_step = _gpt_loop(16, item_every=5)
+    misses = [m for m, _ in per_step]
+    assert misses[3:] == [misses[3]] * (len(misses) - 3), misses
+
+
+def test_loop_without_item_stays_bounded_and_stops_compiling():
+    per_step = _gpt_loop(50, item_every=None)
+    misses = [m for m, _ in per_step]
+    pending = [p for _, p in per_step]
+    assert misses[5:] == [misses[5]] * (len(misses) - 5), misses
+    assert max(pending) < 1000 and deferfuse.metrics()["max_pending"] < 2000
+    assert deferfuse.metrics()["flushes_by_cause"].get("repeated_op_heuristic", 0) > 0

@@ -1,0 +1,156 @@
+"""Every DeferAndFuse flush trigger records its cause and the user's file:line."""
+from __future__ import annotations
+
+import inspect
+import io
+from contextlib import redirect_stdout
+
+import torch
+
+import deferfuse
+from deferfuse import sources
+from deferfuse.config import CONFIG
+
+HERE = __file__
+
+
+def _line_of(marker: str) -> int:
+    src, start = inspect.getsourcelines(inspect.currentframe().f_back.f_code)
+    for i, text in enumerate(src):
+        if marker in text:
+            return start + i
+    raise AssertionError(marker)
+
+
+def _flushes(evs):
+    return [e for e in evs() if e["kind"] == "flush"]
+
+
+def _assert_flush(evs, cause: str, line: int):
+    fl = [e for e in _flushes(evs) if e["cause"] == cause]
+    assert fl, f"no {cause!r} flush; got {[e['cause'] for e in _flushes(evs)]}"
+    filename, lineno, _ = sources.parts(fl[-1]["where"])
+    assert filename == HERE and lineno == line, f"{cause} recorded at {filename}:{lineno}, expected line {line}"
+    assert deferfuse.metrics()["flushes_by_cause"].get(cause, 0) >= 1
+
+
+def pending():
+    x = torch.ones(4, device="tpu")
+    return (x * 3 + 1).sum()
+
+
+def test_item(events):
+    with deferfuse.mode():
+        s = pending()
+        s.item()  # <- item
+        _assert_flush(events, "item", _line_of("# <- item"))
+
+
+def test_local_scalar_dense_via_tolist_and_cpu(events):
+    with deferfuse.mode():
+        s = pending()
+        s.tolist()  # <- tolist
+        _assert_flush(events, "tolist", _line_of("# <- tolist"))
+        t = pending()
+        t.cpu()  # <- cpu
+        _assert_flush(events, "to_cpu", _line_of("# <- cpu"))
+        u = pending()
+        u.to("cpu").numpy()  # <- to cpu
+        _assert_flush(events, "to_cpu", _line_of("# <- to cpu"))
+
+
+def test_print_and_repr(events):
+    with deferfuse.mode():
+        s = pending()
+        with redirect_stdout(io.StringIO()) as out:
+            print(s)  # <- print
+        assert "device='tpu:0'" in out.getvalue()
+        _assert_flush(events, "print", _line_of("# <- print"))
+        r = pending()
+        repr(r)  # <- repr
+        _assert_flush(events, "print", _line_of("# <- repr"))
+
+
+def test_bool_int_float(events):
+    with deferfuse.mode():
+        s = pending()
+        if s > 0:  # <- bool
+            pass
+        _assert_flush(events, "bool", _line_of("# <- bool"))
+        n = pending()
+        int(n)  # <- int
+        _assert_flush(events, "int", _line_of("# <- int"))
+        f = pending()
+        float(f)  # <- float
+        _assert_flush(events, "float", _line_of("# <- float"))
+
+
+def test_data_dependent_shapes(events):
+    with deferfuse.mode():
+        x = torch.arange(6.0, device="tpu") - 2
+        torch.nonzero(x)  # <- nonzero
+        _assert_flush(events, "data_dependent", _line_of("# <- nonzero"))
+        y = torch.arange(6.0, device="tpu") - 2
+        y[y > 0]  # <- mask index
+        _assert_flush(events, "data_dependent", _line_of("# <- mask index"))
+        z = torch.arange(6.0, device="tpu") * 2
+        torch.masked_select(z, z > 3)  # <- masked_select
+        _assert_flush(events, "data_dependent", _line_of("# <- masked_select"))
+        w = torch.tensor([3, 1, 3, 2], device="tpu") + 0
+        u = torch.unique(w)  # <- unique
+        _assert_flush(events, "data_dependent", _line_of("# <- unique"))
+        assert u.cpu().tolist() == [1, 2, 3]
+
+
+def test_explicit_syncs(events):
+    with deferfuse.mode():
+        pending()
+        deferfuse.sync()  # <- sync
+        _assert_flush(events, "sync", _line_of("# <- sync"))
+        pending()
+        torch.tpu.synchronize()  # <- synchronize
+        _assert_flush(events, "synchronize", _line_of("# <- synchronize"))
+
+
+def test_leaving_the_block(events):
+    with deferfuse.mode():  # <- block
+        keep = pending()  # noqa: F841
+    fl = [e for e in _flushes(events) if e["cause"] == "mode_exit"]
+    assert fl
+    filename, lineno, _ = sources.parts(fl[-1]["where"])
+    # Python reports the end of a with-block at the with statement or the block's last line
+    assert filename == HERE and lineno in (_line_of("# <- block"), _line_of("# <- block") + 1)
+
+
+def test_size_cap(events, monkeypatch):
+    monkeypatch.setattr(CONFIG, "max_pending", 20)
+    lookback = deferfuse.engine.STREAM.period.lookback
+    deferfuse.engine.STREAM.period.lookback = 0  # no repetition detection: only the cap cuts
+    try:
+        with deferfuse.mode():
+            x = torch.ones(3, device="tpu")
+            for i in range(25):
+                x = x * 1.5 + i  # <- capped
+            _assert_flush(events, "size_cap", _line_of("# <- capped"))
+            assert deferfuse.metrics()["max_pending"] <= 20
+    finally:
+        deferfuse.engine.STREAM.period.lookback = lookback
+
+
+def test_repeated_op_heuristic(events):
+    with deferfuse.mode():
+        x = torch.ones(3, device="tpu")
+        for i in range(200):
+            x = torch.tanh(x * 1.01 + 0.5)  # <- loop body
+        _assert_flush(events, "repeated_op_heuristic", _line_of("# <- loop body"))
+        assert deferfuse.metrics()["max_pending"] < 200
+
+
+def test_flush_takes_all_live_pending_tensors():
+    with deferfuse.mode():
+        a = torch.ones(3, device="tpu") * 2
+        b = torch.ones(3, device="tpu") + 5
+        a.sum().item()
+        m = deferfuse.metrics()
+        assert m["pending_nodes"] == 0
+        assert b._st.value is not None  # b was computed by the same flush

@@ -1,0 +1,233 @@
+"""Debug checks, RNG determinism across modes, dtype round-trips, the device and torch.tpu."""
+from __future__ import annotations
+
+import inspect
+import traceback
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import deferfuse
+from conftest import MODES
+
+
+# --- Debug -------------------------------------------------------------------------------------------
+
+
+def test_debug_raises_on_nan_at_user_line():
+    x = torch.tensor([1.0, -1.0]).to("tpu")
+    with deferfuse.mode("debug"):
+        line = inspect.currentframe().f_lineno + 2
+        with pytest.raises(RuntimeError, match="NaN or Inf") as info:
+            torch.log(x)
+    frames = traceback.extract_tb(info.value.__traceback__)
+    assert any(f.filename == __file__ and f.lineno == line for f in frames)
+
+
+def test_debug_nan_check_can_be_turned_off(monkeypatch):
+    monkeypatch.setattr(deferfuse.CONFIG, "debug_nan_check", False)
+    with deferfuse.mode("debug"):
+        y = torch.log(torch.tensor([-1.0], device="tpu"))
+    assert torch.isnan(y.cpu()).all()
+
+
+def test_debug_does_not_flag_intentional_infinities():
+    with deferfuse.mode("debug"):
+        scores = torch.zeros(3, 3, device="tpu")
+        mask = torch.ones(3, 3, device="tpu").triu(1).bool()
+        masked = scores.masked_fill(mask, float("-inf"))
+        probs = torch.softmax(masked, dim=-1)
+    assert torch.isfinite(probs.cpu()).all()
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda x, i: torch.index_select(x, 0, i),
+        lambda x, i: x[i],
+        lambda x, i: F.embedding(i, x),
+        lambda x, i: torch.gather(x, 0, i.view(-1, 1).expand(-1, 3)),
+        lambda x, i: x.index_put((i,), torch.zeros(3, device=x.device)),
+        lambda x, i: torch.zeros_like(x).scatter(0, i.view(-1, 1).expand(-1, 3), x[:2]),
+    ],
+    ids=["index_select", "index", "embedding", "gather", "index_put", "scatter"],
+)
+def test_debug_out_of_range_index_raises_like_cpu(call):
+    x = torch.arange(12.0).reshape(4, 3)
+    i = torch.tensor([1, 7])
+    with pytest.raises(Exception) as cpu_err:
+        call(x, i)
+    with deferfuse.mode("debug"):
+        with pytest.raises(type(cpu_err.value)) as err:
+            call(x.to("tpu"), i.to("tpu"))
+    assert str(err.value) == str(cpu_err.value)
+
+
+def test_strict_and_deferred_pay_for_no_checks(monkeypatch):
+    from deferfuse.executors import debug as dbg
+
+    calls = []
+    monkeypatch.setattr(dbg, "_check_indices", lambda *a: calls.append(a))
+    monkeypatch.setattr(dbg, "_all_finite", lambda *a: calls.append(a) or True)
+    x = torch.arange(12.0).reshape(4, 3).to("tpu")
+    i = torch.tensor([1, 2]).to("tpu")
+    for m in ("strict", "defer_and_fuse"):
+        with deferfuse.mode(m):
+            torch.log(torch.index_select(x, 0, i)).cpu()
+    assert calls == []
+    with deferfuse.mode("debug"):
+        torch.log(torch.index_select(x, 0, i)).cpu()
+    assert calls
+
+
+def test_debug_blocks_after_each_op():
+    with deferfuse.mode("debug"):
+        y = torch.ones(3, device="tpu") * 2
+        assert deferfuse.metrics()["pending_nodes"] == 0
+        assert y._st.value is not None and y._st.value.is_ready()
+
+
+# --- RNG ---------------------------------------------------------------------------------------------
+
+
+def _random_program():
+    a = torch.rand(4, device="tpu")
+    b = torch.randn(2, 3, device="tpu")
+    c = torch.randint(0, 100, (5,), device="tpu")
+    d = torch.empty(6, device="tpu").normal_(2.0, 0.5)
+    e = torch.empty(6, device="tpu").uniform_(-1, 1)
+    f = torch.bernoulli(torch.full((8,), 0.5, device="tpu"))
+    g = F.dropout(torch.ones(10, device="tpu"), 0.3)
+    return [t.cpu() for t in (a, b, c, d, e, f, g)]
+
+
+def test_rng_is_deterministic_and_identical_across_modes():
+    results = []
+    for m in MODES:
+        torch.manual_seed(123)
+        with deferfuse.mode(m):
+            results.append(_random_program())
+    for other in results[1:]:
+        for x, y in zip(results[0], other):
+            assert torch.equal(x, y)
+    torch.tpu.manual_seed(123)
+    again = _random_program()
+    for x, y in zip(results[0], again):
+        assert torch.equal(x, y)
+
+
+def test_rng_gives_fresh_values_and_sane_statistics():
+    torch.manual_seed(0)
+    with deferfuse.mode():
+        a = torch.rand(20000, device="tpu")
+        b = torch.rand(20000, device="tpu")
+        n = torch.randn(20000, device="tpu")
+        a, b, n = a.cpu(), b.cpu(), n.cpu()
+    assert not torch.equal(a, b)
+    assert 0.0 <= a.min() and a.max() < 1.0 and abs(a.mean().item() - 0.5) < 0.02
+    assert abs(n.mean().item()) < 0.05 and abs(n.std().item() - 1) < 0.05
+
+
+def test_dropout_in_a_loop_does_not_recompile():
+    x = torch.ones(64, device="tpu")
+    before = deferfuse.metrics()["cache_misses"]
+    with deferfuse.mode():
+        outs = []
+        for _ in range(6):
+            outs.append(F.dropout(x, 0.5).sum().item())
+    assert len(set(outs)) > 1
+    assert deferfuse.metrics()["cache_misses"] == before + 1
+
+
+# --- dtypes -------------------------------------------------------------------------------------------
+
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int8, torch.int16, torch.int32,
+          torch.int64, torch.uint8, torch.bool, torch.complex64]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_dtype_round_trip(dtype):
+    if dtype == torch.bool:
+        x = torch.tensor([True, False, True])
+    elif dtype.is_complex:
+        x = torch.tensor([1 + 2j, -3.5j, 7.25], dtype=dtype)
+    elif dtype.is_floating_point:
+        x = torch.tensor([1.5, -2.25, 3e5, 1e-3], dtype=dtype)
+    else:
+        info = torch.iinfo(dtype)
+        x = torch.tensor([info.min, 0, 1, info.max], dtype=dtype)
+    t = x.to("tpu")
+    assert t.dtype == dtype and t.device.type == "tpu"
+    back = t.cpu()
+    assert back.dtype == dtype and torch.equal(back, x)
+    assert t.tolist() == x.tolist()
+    with deferfuse.mode():
+        y = (t + t) if dtype != torch.bool else (t | t)
+        torch.testing.assert_close(y.cpu(), (x + x) if dtype != torch.bool else (x | x))
+
+
+def test_int64_and_float64_are_not_downcast():
+    big = torch.tensor([2**40 + 1, -(2**50)], dtype=torch.int64)
+    precise = torch.tensor([1 / 3], dtype=torch.float64)
+    with deferfuse.mode():
+        assert torch.equal((big.to("tpu") * 2).cpu(), big * 2)
+        assert (precise.to("tpu") * 3).cpu().item() == (precise * 3).item()
+
+
+# --- the device and torch.tpu ----------------------------------------------------------------------
+
+
+def test_device_basics():
+    d = torch.device("tpu")
+    assert d.type == "tpu"
+    t = torch.zeros(2, 3, device="tpu")
+    assert t.device == torch.device("tpu", 0) and t.device.type == "tpu" and t.is_tpu
+    for make in (
+        lambda: torch.ones(2, device="tpu"),
+        lambda: torch.full((2,), 7, device="tpu"),
+        lambda: torch.arange(5, device="tpu"),
+        lambda: torch.empty(3, device="tpu"),
+        lambda: torch.rand(3, device="tpu"),
+        lambda: torch.randn(3, device="tpu"),
+        lambda: torch.randint(0, 5, (3,), device="tpu"),
+        lambda: torch.tensor([1, 2], device="tpu"),
+        lambda: torch.zeros_like(t),
+        lambda: torch.ones_like(t, dtype=torch.int32),
+        lambda: torch.full_like(t, 2.0),
+        lambda: torch.empty_like(t),
+        lambda: torch.rand_like(t),
+    ):
+        for ctx in (None, "defer_and_fuse"):
+            with (deferfuse.mode(ctx) if ctx else torch.no_grad()):
+                out = make()
+                assert out.device.type == "tpu"
+                out.cpu()
+    m = torch.nn.Linear(3, 2).to("tpu")
+    assert m.weight.device.type == "tpu" and isinstance(m.weight, torch.nn.Parameter)
+    assert m(torch.ones(1, 3, device="tpu")).shape == (1, 2)
+
+
+def test_host_reads():
+    t = torch.tensor([[1.5, 2.0]]).to("tpu")
+    assert t.tolist() == [[1.5, 2.0]]
+    assert t.cpu().numpy().tolist() == [[1.5, 2.0]]
+    assert float(t[0, 0]) == 1.5 and int(t[0, 1]) == 2 and bool(t[0, 0])
+    assert t[0, 1].item() == 2.0
+    assert "device='tpu:0'" in repr(t) and "tensor([[1.5000, 2.0000]]" in str(t)
+    with pytest.raises(TypeError):
+        t.numpy()
+
+
+def test_torch_tpu_module():
+    assert torch.tpu.is_available() and torch.tpu.device_count() == 1 and torch.tpu.current_device() == 0
+    torch.tpu.manual_seed(5)
+    a = torch.rand(3, device="tpu").cpu()
+    torch.tpu.manual_seed(5)
+    b = torch.rand(3, device="tpu").cpu()
+    assert torch.equal(a, b)
+    state = torch.tpu.get_rng_state()
+    c = torch.rand(3, device="tpu").cpu()
+    torch.tpu.set_rng_state(state)
+    assert torch.equal(torch.rand(3, device="tpu").cpu(), c)
+    torch.tpu.synchronize()

@@ -1,0 +1,89 @@
+"""views.py against torch.as_strided: random views of random storages, read and written."""
+from __future__ import annotations
+
+import random
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import deferfuse  # noqa: F401  (x64)
+from deferfuse import views
+
+
+def _random_view(rng: random.Random):
+    phys = [rng.randint(1, 5) for _ in range(rng.randint(1, 3))]
+    v = torch.zeros(phys)
+    for _ in range(rng.randint(0, 4)):
+        op = rng.choice(["t", "slice", "select", "unsq", "expand", "diag", "flat", "perm"])
+        try:
+            if op == "t" and v.dim() >= 2:
+                v = v.transpose(0, v.dim() - 1)
+            elif op == "slice" and v.dim() >= 1:
+                d = rng.randrange(v.dim())
+                n = v.shape[d]
+                a = rng.randint(0, n - 1)
+                b = rng.randint(a + 1, n)
+                v = v.narrow(d, a, b - a)[(slice(None),) * d + (slice(None, None, rng.randint(1, 2)),)]
+            elif op == "select" and v.dim() >= 1:
+                d = rng.randrange(v.dim())
+                v = v.select(d, rng.randrange(v.shape[d]))
+            elif op == "unsq":
+                v = v.unsqueeze(rng.randint(0, v.dim()))
+            elif op == "expand" and v.dim() >= 1:
+                shape = list(v.shape)
+                ones = [i for i, n in enumerate(shape) if n == 1]
+                if ones:
+                    shape[rng.choice(ones)] = 3
+                    v = v.expand(shape)
+            elif op == "diag" and v.dim() >= 2:
+                v = v.diagonal()
+            elif op == "flat" and v.is_contiguous():
+                v = v.reshape(-1)
+            elif op == "perm" and v.dim() >= 2:
+                v = v.permute(*reversed(range(v.dim())))
+        except RuntimeError:
+            pass
+    return tuple(phys), tuple(v.shape), tuple(v.stride()), v.storage_offset()
+
+
+def _overlapping(size, stride, offset):
+    seen = set()
+    for idx in np.ndindex(*size):
+        k = offset + sum(i * s for i, s in zip(idx, stride))
+        if k in seen:
+            return True
+        seen.add(k)
+    return False
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_views_read_and_write_like_torch(seed):
+    rng = random.Random(seed)
+    read = jax.jit(views.read, static_argnums=1)
+    write = jax.jit(views.write, static_argnums=1)
+    kinds = set()
+    for _ in range(100):
+        phys, size, stride, offset = _random_view(rng)
+        base = np.arange(int(np.prod(phys)), dtype=np.float64)
+        plan = views.plan_view(phys, size, stride, offset)
+        kinds.add(plan[0])
+        expected = torch.from_numpy(base.copy()).as_strided(size, stride, offset).numpy()
+        got = np.asarray(read(jnp.asarray(base.reshape(phys)), plan, offset))
+        np.testing.assert_array_equal(got, expected, err_msg=str(plan))
+        if _overlapping(size, stride, offset):
+            continue
+        new = np.asarray(np.random.default_rng(seed).random(size))
+        ref = torch.from_numpy(base.copy())
+        ref.as_strided(size, stride, offset).copy_(torch.from_numpy(new))
+        out = np.asarray(write(jnp.asarray(base.reshape(phys)), plan, offset, jnp.asarray(new)))
+        np.testing.assert_array_equal(out.reshape(-1), ref.numpy(), err_msg=str(plan))
+    assert "slice" in kinds
+
+
+def test_plan_is_offset_independent_for_moving_windows():
+    phys = (10, 4)
+    plans = {views.plan_view(phys, (4,), (1,), 4 * r) for r in range(1, 10)}
+    assert len(plans) == 1  # a row view at any row shares one plan (and one program)

@@ -66,6 +66,13 @@ class Plan:
         self.where = None
 
     def run(self, g: Graph, out_refs: tuple) -> list:
+        t0 = time.perf_counter()
+        try:
+            return self._run(g, out_refs)
+        finally:
+            METRICS.execute_seconds += time.perf_counter() - t0
+
+    def _run(self, g: Graph, out_refs: tuple) -> list:
         if self.single is not None:
             METRICS.execute_calls += 1
             return self.single(g.inputs, g.scalars)
@@ -132,9 +139,12 @@ def execute(g: Graph, out_refs: tuple, cause: str, where) -> tuple[list, Plan, b
         dt = time.perf_counter() - t0
         METRICS.compile_seconds += dt
         plan.compile_seconds += dt
+        METRICS.execute_seconds -= dt  # the first run's time is compilation
         if events.collecting() or CONFIG.log:
             events.emit("compile", where=where, cause=cause, seconds=dt, ops=plan.n_ops, key=key._h,
-                        groups=len(plan.steps), op_names=plan.op_names[:200], why=why, recompile=prev is not None)
+                        groups=len(plan.steps), op_names=plan.op_names[:200], why=why, recompile=prev is not None,
+                        breaks=[s.group.why for s in plan.steps], program_sizes=[len(s.group.nodes) for s in plan.steps])
+            _maybe_snapshot(g, plan)
     return results, plan, hit
 
 
@@ -176,6 +186,27 @@ def _build(g: Graph, out_refs: tuple, key: Key) -> Plan:
         fn = program.build(nodes, grp.nodes, grp.in_refs, grp.out_refs, scalar_ids)
         plan.steps.append(Step(grp, jax.jit(fn), scalar_ids, [nodes[i].op.name for i in grp.nodes]))
     return plan
+
+
+_LARGEST = [0]
+
+
+def _maybe_snapshot(g: Graph, plan: Plan) -> None:
+    """Emit the DAG of the largest flush so far (nodes labelled by op, coloured by program)."""
+    if plan.n_ops <= _LARGEST[0]:
+        return
+    _LARGEST[0] = plan.n_ops
+    group_of = {}
+    for gi, step in enumerate(plan.steps):
+        for i in step.group.nodes:
+            group_of[i] = gi
+    nodes = [(i, g.nodes[i].op.name, group_of[i]) for i in sorted(group_of)]
+    edges = [(r >> OUT_BITS, i) for i in group_of for r in g.nodes[i].inputs if r >= 0 and (r >> OUT_BITS) in group_of]
+    events.emit("dag", nodes=nodes, edges=edges, key=plan.key_hash, where=plan.where)
+
+
+def reset_snapshot() -> None:
+    _LARGEST[0] = 0
 
 
 def _nbytes(shape, dt) -> int:

@@ -33,6 +33,8 @@ class Metrics:
     nodes_flushed: int = 0
     sync_wait_seconds: float = 0.0
     flush_seconds: float = 0.0
+    execute_seconds: float = 0.0  # host time dispatching programs (device work is asynchronous)
+    record_seconds: float = 0.0  # time inside deferfuse's dispatcher outside flushes (report on only)
     max_pending: int = 0
 
     def as_dict(self) -> dict[str, Any]:
@@ -54,6 +56,8 @@ class Metrics:
             "nodes_flushed": self.nodes_flushed,
             "sync_wait_seconds": self.sync_wait_seconds,
             "flush_seconds": self.flush_seconds,
+            "execute_seconds": self.execute_seconds,
+            "record_seconds": self.record_seconds,
             "max_pending": self.max_pending,
         }
 
@@ -70,15 +74,23 @@ def collecting() -> bool:
     return _EVENTS is not None
 
 
+# Whether per-op timing is on (the report asked for it). Read by the dispatcher once per top-level
+# op, so a plain run pays one global lookup.
+TIMING = [False]
+
+
 def start_collecting() -> None:
+    """Keep structured events (and time recording per op) until `stop_collecting()`."""
     global _EVENTS
     _EVENTS = deque(maxlen=_EVENT_CAP)
+    TIMING[0] = True
 
 
 def stop_collecting() -> list[dict]:
     global _EVENTS
     out = list(_EVENTS or ())
     _EVENTS = None
+    TIMING[0] = False
     return out
 
 

@@ -1,0 +1,284 @@
+"""Running PyTorch's OpInfo samples on CPU and on "tpu", and comparing.
+
+Kept apart from the test module so `python -m deferfuse.coverage` can reuse it to count passes.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+import deferfuse
+
+warnings.filterwarnings("ignore", category=UserWarning)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from torch.testing._internal.common_methods_invocations import op_db
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+XFAIL_FILE = os.path.join(HERE, "opinfo_xfail.json")
+
+MODES = ("strict", "debug", "defer_and_fuse")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int64": torch.int64, "bool": torch.bool}
+
+# Ops whose values are random: compared on shape, dtype and determinism under manual_seed.
+RANDOM_OPS = {
+    "bernoulli", "normal", "rand_like", "randn_like", "randint_like", "randint", "multinomial", "uniform",
+    "cauchy", "exponential", "geometric", "log_normal", "nn.functional.dropout", "nn.functional.dropout2d",
+    "nn.functional.dropout3d", "nn.functional.alpha_dropout", "nn.functional.feature_alpha_dropout",
+    "nn.functional.rrelu", "randn", "rand", "randperm", "empty", "empty_like", "new_empty", "empty_strided",
+    "new_empty_strided", "empty_permuted", "torch.empty", "nn.functional.fractional_max_pool2d",
+    "nn.functional.fractional_max_pool3d", "bernoulli", "poisson", "nn.functional.multi_head_attention_forward",
+}
+# Ops whose output is uninitialised memory: only shape and dtype can be compared.
+UNINITIALISED = {"empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided", "empty_permuted"}
+
+
+def full_name(op) -> str:
+    return op.name + ("." + op.variant_test_name if op.variant_test_name else "")
+
+
+def is_random(op) -> bool:
+    return op.name in RANDOM_OPS or full_name(op) in RANDOM_OPS
+
+
+def load_xfails() -> dict[str, str]:
+    with open(XFAIL_FILE) as f:
+        data = json.load(f)
+    return {k: v for k, v in data.items() if not k.startswith("_")}
+
+
+def xfail_key(op_name: str, variant: str, dtype: str, mode: str) -> str:
+    return f"{op_name}|{variant}|{dtype}|{mode}"
+
+
+def lookup_xfail(xfails: dict, op_name: str, variant: str, dtype: str, mode: str) -> str | None:
+    """Entries may use * for variant, dtype or mode."""
+    for v in (variant, "*"):
+        for d in (dtype, "*"):
+            for m in (mode, "*"):
+                hit = xfails.get(xfail_key(op_name, v, d, m))
+                if hit is not None:
+                    return hit
+    return None
+
+
+def to_tpu(x):
+    if isinstance(x, torch.Tensor):
+        if x.layout != torch.strided:
+            raise NotImplementedError("sparse sample")
+        t = x.detach().to("tpu")
+        if x.requires_grad:
+            t.requires_grad_(True)
+        return t
+    if isinstance(x, (list, tuple)):
+        return type(x)(to_tpu(y) for y in x)
+    if isinstance(x, dict):
+        return {k: to_tpu(v) for k, v in x.items()}
+    if isinstance(x, torch.device) and x.type == "cpu":
+        return torch.device("tpu")
+    if isinstance(x, str) and x == "cpu":
+        return "tpu"
+    return x
+
+
+def to_cpu(x):
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu()
+    if isinstance(x, (list, tuple)):
+        return type(x)(to_cpu(y) for y in x)
+    return x
+
+
+def variants(op) -> dict[str, object]:
+    out = {"function": op.op}
+    if op.method_variant is not None:
+        out["method"] = op.method_variant
+    if op.inplace_variant is not None:
+        out["inplace"] = op.inplace_variant
+    if op.supports_out:
+        out["out"] = "out"
+    return out
+
+
+def samples(op, dtype: torch.dtype, requires_grad: bool = False, limit: int | None = None):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        it = op.sample_inputs("cpu", dtype, requires_grad=requires_grad)
+        out = []
+        for s in it:
+            out.append(s)
+            if limit is not None and len(out) >= limit:
+                break
+    return out
+
+
+def _call(fn, sample, variant: str, op):
+    inp = sample.input
+    args, kwargs = sample.args, sample.kwargs
+    if variant == "function":
+        return op.op(inp, *args, **kwargs)
+    if variant == "method":
+        return op.method_variant(inp, *args, **kwargs)
+    if variant == "inplace":
+        target = inp.clone() if isinstance(inp, torch.Tensor) else inp
+        res = op.inplace_variant(target, *args, **kwargs)
+        return target if res is None else res
+    if variant == "out":
+        expected = op.op(inp, *args, **kwargs)
+        if isinstance(expected, torch.Tensor):
+            out = torch.empty(0, dtype=expected.dtype, device=expected.device)
+        elif isinstance(expected, (tuple, list)) and all(isinstance(e, torch.Tensor) for e in expected):
+            out = type(expected)(torch.empty(0, dtype=e.dtype, device=e.device) for e in expected)
+        else:
+            raise NotImplementedError("out= with non-tensor results")
+        op.op(inp, *args, **kwargs, out=out)
+        return out
+    raise ValueError(variant)
+
+
+@dataclass
+class Outcome:
+    ok: bool
+    detail: str = ""
+
+
+def compare(expected, got, exact_dtype=True) -> None:
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(got, torch.Tensor), f"expected a tensor, got {type(got)}"
+        torch.testing.assert_close(got, expected, equal_nan=True, check_dtype=exact_dtype, check_device=False,
+                                   atol=_atol(expected), rtol=_rtol(expected))
+    elif isinstance(expected, (list, tuple)):
+        assert len(expected) == len(got)
+        for e, g in zip(expected, got):
+            compare(e, g, exact_dtype)
+    elif isinstance(expected, float):
+        torch.testing.assert_close(got, expected, equal_nan=True, atol=1e-5, rtol=1.3e-6)
+    else:
+        assert expected == got, f"{expected!r} != {got!r}"
+
+
+# Cross-backend tolerances, as PyTorch's own device tests use: XLA and CPU kernels may reduce in a
+# different order, so float32 gets 1e-5 rather than CPU-vs-CPU's 1.3e-6.
+_TOL = {
+    torch.float32: (1e-5, 1e-5),
+    torch.float64: (1e-7, 1e-7),
+    torch.complex64: (1e-5, 1e-5),
+    torch.bfloat16: (1e-2, 1.6e-2),
+    torch.float16: (1e-3, 1e-3),
+}
+
+
+def _atol(t):
+    return _TOL.get(t.dtype, (0, 0))[0]
+
+
+def _rtol(t):
+    return _TOL.get(t.dtype, (0, 0))[1]
+
+
+def run_sample(op, sample, variant: str, mode: str) -> None:
+    """Raise AssertionError (or the op's exception) when tpu differs from CPU."""
+    cpu_exc = None
+    try:
+        expected = _call(None, sample, variant, op)
+    except Exception as e:  # noqa: BLE001 - some samples are error cases on CPU too
+        cpu_exc = e
+    tpu_sample = sample.transform(to_tpu) if hasattr(sample, "transform") else sample
+    with deferfuse.mode(mode):
+        if cpu_exc is not None:
+            try:
+                _call(None, tpu_sample, variant, op)
+            except Exception as e:  # noqa: BLE001
+                if type(e) is not type(cpu_exc) and not isinstance(e, type(cpu_exc)):
+                    raise AssertionError(f"CPU raised {type(cpu_exc).__name__}, tpu raised {type(e).__name__}: {e}")
+                return
+            raise AssertionError(f"CPU raised {type(cpu_exc).__name__}: {cpu_exc}; tpu did not")
+        got = to_cpu(_call(None, tpu_sample, variant, op))
+    if is_random(op) or op.name in UNINITIALISED:
+        _compare_meta(expected, got)
+        return
+    compare(to_cpu(expected), got)
+
+
+def _compare_meta(expected, got):
+    if isinstance(expected, torch.Tensor):
+        assert got.shape == expected.shape and got.dtype == expected.dtype, (got.shape, got.dtype, expected.shape)
+    elif isinstance(expected, (list, tuple)):
+        for e, g in zip(expected, got):
+            _compare_meta(e, g)
+
+
+def run_random_determinism(op, sample, mode: str) -> None:
+    tpu_sample = sample.transform(to_tpu)
+    outs = []
+    for _ in range(2):
+        torch.manual_seed(1234)
+        with deferfuse.mode(mode):
+            outs.append(to_cpu(_call(None, tpu_sample, "function", op)))
+    compare(outs[0], outs[1])
+
+
+def run_backward(op, sample, mode: str = "defer_and_fuse") -> None:
+    """Gradients of sum(outputs * fixed weights) w.r.t. every floating input match CPU."""
+
+    def grads(s, device):
+        inputs = [t for t in _tensors(s) if t.requires_grad]
+        if not inputs:
+            return None
+        out = op.op(s.input, *s.args, **s.kwargs)
+        outs = [o for o in (out if isinstance(out, (list, tuple)) else [out])
+                if isinstance(o, torch.Tensor) and o.requires_grad]
+        if not outs:
+            return None
+        total = sum((o * _weights(o)).sum() for o in outs)
+        return torch.autograd.grad(total, inputs, allow_unused=True)
+
+    expected = grads(sample, "cpu")
+    if expected is None:
+        return
+    tpu_sample = sample.transform(to_tpu)
+    with deferfuse.mode(mode):
+        got = grads(tpu_sample, "tpu")
+        got = [None if g is None else g.cpu() for g in got]
+    for e, g in zip(expected, got):
+        if e is None:
+            assert g is None or torch.count_nonzero(g) == 0
+            continue
+        torch.testing.assert_close(g, e, equal_nan=True, atol=1e-4, rtol=1e-4)
+
+
+def _weights(o: torch.Tensor) -> torch.Tensor:
+    n = o.numel()
+    w = torch.linspace(0.5, 1.5, max(n, 1), dtype=torch.float32)[:n].reshape(o.shape)
+    return w.to(dtype=o.dtype if o.dtype.is_floating_point else torch.float32, device=o.device)
+
+
+def _tensors(s):
+    out = []
+
+    def walk(x):
+        if isinstance(x, torch.Tensor):
+            out.append(x)
+        elif isinstance(x, (list, tuple)):
+            for y in x:
+                walk(y)
+        elif isinstance(x, dict):
+            for y in x.values():
+                walk(y)
+
+    walk(s.input)
+    walk(s.args)
+    walk(s.kwargs)
+    return out
+
+
+@contextlib.contextmanager
+def quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield

@@ -17,6 +17,7 @@ from .config import CONFIG  # noqa: E402
 from .engine import FlushError  # noqa: E402
 from .executors.base import EagerMode  # noqa: E402
 from .modes import DeferfuseMode, get_default_mode, mode, set_default_mode  # noqa: E402
+from .report import explain, report  # noqa: E402  (the name `report` is the function; the package stays importable)
 from .tensor import TpuTensor  # noqa: E402
 
 _cache.configure_persistent_cache()
@@ -51,5 +52,7 @@ __all__ = [
     "FlushError",
     "TpuTensor",
     "CONFIG",
+    "report",
+    "explain",
 ]
 __version__ = "0.1.0"

@@ -26,11 +26,19 @@ from .graph import OUT_BITS, Graph
 class Key:
     __slots__ = ("sig", "outs", "avals", "_h")
 
-    def __init__(self, g: Graph, outs: tuple):
-        self.sig = g.sig
-        self.outs = outs
-        self.avals = tuple(g.input_avals)
-        self._h = hash((tuple(g.sig), outs, self.avals))
+    def __init__(self, g: Graph | None, outs: tuple):
+        if g is not None:
+            self.sig = g.sig
+            self.outs = outs
+            self.avals = tuple(g.input_avals)
+            self._h = hash((tuple(g.sig), outs, self.avals))
+
+    @classmethod
+    def of(cls, sig: list, outs: tuple, avals: tuple) -> "Key":
+        k = cls(None, outs)
+        k.sig, k.outs, k.avals = sig, outs, avals
+        k._h = hash((tuple(sig), outs, avals))
+        return k
 
     def __hash__(self):
         return self._h
@@ -99,6 +107,15 @@ _PLANS: dict[Key, Plan] = {}
 _LAST_AT_SITE: dict[Any, Key] = {}
 
 
+def lookup(key: Key) -> Plan | None:
+    """A compiled single-program plan for key, if one exists (Strict's fast path)."""
+    plan = _PLANS.get(key)
+    if plan is None or plan.single is None:
+        return None
+    plan.hits += 1
+    return plan
+
+
 def configure_persistent_cache() -> None:
     if CONFIG.cache_dir:
         jax.config.update("jax_compilation_cache_dir", CONFIG.cache_dir)
@@ -143,7 +160,8 @@ def execute(g: Graph, out_refs: tuple, cause: str, where) -> tuple[list, Plan, b
         if events.collecting() or CONFIG.log:
             events.emit("compile", where=where, cause=cause, seconds=dt, ops=plan.n_ops, key=key._h,
                         groups=len(plan.steps), op_names=plan.op_names[:200], why=why, recompile=prev is not None,
-                        breaks=[s.group.why for s in plan.steps], program_sizes=[len(s.group.nodes) for s in plan.steps])
+                        breaks=[s.group.why for s in plan.steps], program_sizes=[len(s.group.nodes) for s in plan.steps],
+                        hosts=[s.group.host for s in plan.steps])
             _maybe_snapshot(g, plan)
     return results, plan, hit
 

@@ -63,6 +63,8 @@ class Config:
     source_lines: bool = field(default_factory=lambda: _flag("DEFERFUSE_SOURCE_LINES", True))
     # Live event log, like TORCH_LOGS: any of flush, compile, fallback, all.
     log: frozenset[str] = field(default_factory=lambda: _set("DEFERFUSE_LOG"))
+    # Collect report events from import on, so `deferfuse.report()` works without code changes.
+    report: bool = field(default_factory=lambda: _flag("DEFERFUSE_REPORT", False))
     # JAX persistent compilation cache directory (tier 3); unset means in-process cache only.
     cache_dir: str | None = field(default_factory=lambda: os.environ.get("DEFERFUSE_CACHE_DIR") or None)
     # Optimisation fuel: at most this many ops may be fused into programs with others; the rest

@@ -119,6 +119,8 @@ def assign(dst: TpuTensor, src: TpuTensor) -> None:
     if dst is src:
         return
     _check_writable(dst)
+    if src.shape != dst.shape:
+        _check_copy_shapes(dst, src)
     dsize, _, ddtype = LAYOUTS[dst._lid]
     ssize, _, sdtype = LAYOUTS[src._lid]
     sst = src._st

@@ -181,28 +181,60 @@ def _rtol(t):
     return _TOL.get(t.dtype, (0, 0))[1]
 
 
-def run_sample(op, sample, variant: str, mode: str) -> None:
-    """Raise AssertionError (or the op's exception) when tpu differs from CPU."""
-    cpu_exc = None
+def _expected(op, sample, variant):
     try:
-        expected = _call(None, sample, variant, op)
+        return to_cpu(_call(None, sample, variant, op)), None
     except Exception as e:  # noqa: BLE001 - some samples are error cases on CPU too
-        cpu_exc = e
-    tpu_sample = sample.transform(to_tpu) if hasattr(sample, "transform") else sample
-    with deferfuse.mode(mode):
-        if cpu_exc is not None:
-            try:
-                _call(None, tpu_sample, variant, op)
-            except Exception as e:  # noqa: BLE001
-                if type(e) is not type(cpu_exc) and not isinstance(e, type(cpu_exc)):
-                    raise AssertionError(f"CPU raised {type(cpu_exc).__name__}, tpu raised {type(e).__name__}: {e}")
-                return
+        return None, e
+
+
+def _tpu_sample(sample):
+    return sample.transform(to_tpu)
+
+
+def _check_one(op, expected, cpu_exc, got, tpu_exc) -> None:
+    if cpu_exc is not None:
+        if tpu_exc is None:
             raise AssertionError(f"CPU raised {type(cpu_exc).__name__}: {cpu_exc}; tpu did not")
-        got = to_cpu(_call(None, tpu_sample, variant, op))
+        if not isinstance(tpu_exc, type(cpu_exc)):
+            raise AssertionError(f"CPU raised {type(cpu_exc).__name__}, tpu raised {type(tpu_exc).__name__}: {tpu_exc}")
+        return
+    if tpu_exc is not None:
+        raise tpu_exc
     if is_random(op) or op.name in UNINITIALISED:
         _compare_meta(expected, got)
-        return
-    compare(to_cpu(expected), got)
+    else:
+        compare(expected, got)
+
+
+def run_sample(op, sample, variant: str, mode: str) -> None:
+    """Raise AssertionError (or the op's exception) when tpu differs from CPU for one sample."""
+    run_samples(op, [sample], variant, mode)
+
+
+def run_samples(op, sample_list, variant: str, mode: str) -> None:
+    """Run every sample inside one mode block, so DeferAndFuse flushes (and compiles) once for
+    the whole batch, then compare each result with CPU."""
+    expected = [_expected(op, s, variant) for s in sample_list]
+    got = []
+    with deferfuse.mode(mode):
+        for s in sample_list:
+            try:
+                got.append((_call(None, _tpu_sample(s), variant, op), None))
+            except Exception as e:  # noqa: BLE001
+                got.append((None, e))
+        try:
+            got = [(to_cpu(g), e) for g, e in got]
+        except deferfuse.FlushError:
+            if len(sample_list) == 1:
+                raise
+            got = None
+    if got is None:  # find the failing sample one by one
+        for s in sample_list:
+            run_samples(op, [s], variant, mode)
+        raise AssertionError("the batch failed to flush but no single sample did")
+    for (exp, cpu_exc), (g, tpu_exc) in zip(expected, got):
+        _check_one(op, exp, cpu_exc, g, tpu_exc)
 
 
 def _compare_meta(expected, got):

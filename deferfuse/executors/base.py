@@ -25,6 +25,7 @@ class EagerMode(str, Enum):
 class Executor:
     kind: EagerMode
     checks_before = False  # whether before_op does anything (saves a call on the hot path)
+    runs_eagerly = False  # whether a top-level op may run straight from the cache (Strict)
 
     def before_op(self, func, args, kwargs) -> None:
         pass

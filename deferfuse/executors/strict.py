@@ -11,6 +11,7 @@ from .base import EagerMode, Executor
 
 class StrictExecutor(Executor):
     kind = EagerMode.STRICT
+    runs_eagerly = True
 
     def after_op(self, func) -> None:
         if engine.STREAM.graph.nodes:

@@ -122,3 +122,9 @@ def ones_like(ctx, x, *, dtype=None, layout=None, device=None, pin_memory=None, 
 
 def _numel(shape) -> int:
     return math.prod(shape)
+
+
+@lowering(aten.copy.default, family="elementwise")
+def copy(x, src, non_blocking=False):
+    """The functional form of copy_: src cast and broadcast to x."""
+    return jnp.broadcast_to(src.astype(x.dtype) if src.dtype != x.dtype else src, x.shape)

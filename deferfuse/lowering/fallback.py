@@ -86,7 +86,8 @@ def _to_cpu(obj, cause="cpu_fallback"):
     if isinstance(obj, TpuTensor):
         from ..special import to_host
 
-        return to_host(obj, cause)
+        # a clone: host copies are NumPy-backed, and CPU kernels may resize their out= arguments
+        return to_host(obj, cause).clone()
     if isinstance(obj, (list, tuple)):
         return type(obj)(_to_cpu(x, cause) for x in obj)
     if isinstance(obj, torch.device) and obj.type == "tpu":

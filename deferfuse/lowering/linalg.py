@@ -66,3 +66,30 @@ def addbmm(self, b1, b2, *, beta=1, alpha=1):
 @lowering(aten.addr.default, family="matmul", promote="default", static=("beta", "alpha"))
 def addr(self, v1, v2, *, beta=1, alpha=1):
     return _scaled(jnp.outer(v1, v2), self, beta, alpha)
+
+
+def _pairwise(x1, x2, p):
+    diff = jnp.abs(x1[..., :, None, :] - x2[..., None, :, :])
+    if p == 0:
+        return jnp.sum((diff != 0).astype(x1.dtype), axis=-1)
+    if p == float("inf"):
+        return jnp.max(diff, axis=-1) if diff.shape[-1] else jnp.zeros(diff.shape[:-1], x1.dtype)
+    if p == 1:
+        return jnp.sum(diff, axis=-1)
+    if p == 2:
+        return jnp.sqrt(jnp.sum(diff * diff, axis=-1))
+    return jnp.sum(diff**p, axis=-1) ** (1.0 / p)
+
+
+@lowering(aten._cdist_forward.default, family="matmul")
+def cdist(x1, x2, p, compute_mode=None):
+    """Direct differences, never the |a|^2+|b|^2-2ab shortcut: exact like CPU's default for small inputs."""
+    return _pairwise(x1, x2, p)
+
+
+@lowering(aten._pdist_forward.default, family="matmul")
+def pdist(x, p=2.0):
+    n = x.shape[0]
+    full = _pairwise(x, x, p)
+    rows, cols = jnp.triu_indices(n, k=1)
+    return full[rows, cols]

@@ -215,3 +215,44 @@ def avg_pool_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_in
     _, vjp = jax.vjp(lambda v: avg_pool(v, kernel_size, stride, padding, ceil_mode, count_include_pad,
                                         divisor_override).astype(v.dtype), x)
     return vjp(grad.astype(x.dtype))[0]
+
+
+def _adaptive_windows(n_in, n_out):
+    """PyTorch's adaptive pooling windows: [floor(i*n/o), ceil((i+1)*n/o))."""
+    return [((i * n_in) // n_out, -(-((i + 1) * n_in) // n_out)) for i in range(n_out)]
+
+
+def _adaptive_avg(x, output_size):
+    nd = len(output_size)
+    out = x
+    for k in range(nd):
+        axis = x.ndim - nd + k
+        n_in, n_out = x.shape[axis], output_size[k]
+        if n_out is None:
+            continue
+        parts = [jnp.mean(lax.slice_in_dim(out, a, b, axis=axis), axis=axis, keepdims=True)
+                 for a, b in _adaptive_windows(n_in, n_out)]
+        out = jnp.concatenate(parts, axis=axis) if parts else out
+    return out
+
+
+@lowering(aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default, family="conv")
+def adaptive_avg_pool(x, output_size):
+    """Separable: averaging a box is averaging each axis in turn, exactly."""
+    return _adaptive_avg(_up(x), list(output_size))
+
+
+def _adaptive_avg_backward(grad, x, nd):
+    out_size = list(grad.shape[-nd:])
+    _, vjp = jax.vjp(lambda v: _adaptive_avg(v, out_size), _up(x))
+    return vjp(_up(grad))[0]
+
+
+@lowering(aten._adaptive_avg_pool2d_backward.default, family="conv")
+def adaptive_avg_pool2d_backward(grad, x):
+    return _adaptive_avg_backward(grad, x, 2)
+
+
+@lowering(aten._adaptive_avg_pool3d_backward.default, family="conv")
+def adaptive_avg_pool3d_backward(grad, x):
+    return _adaptive_avg_backward(grad, x, 3)

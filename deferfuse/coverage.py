@@ -1,0 +1,165 @@
+"""How deferfuse serves each ATen op, and how much of PyTorch's OpInfo suite passes.
+
+    python -m deferfuse.coverage                       # print the summary
+    python -m deferfuse.coverage --markdown docs/ops.md --results '/tmp/opres.*.json'
+
+The serving table is computed from the dispatcher's own routing, so it cannot drift from what
+actually happens. OpInfo pass counts come from a test run with DEFERFUSE_OPINFO_RESULTS=<prefix>
+(each pytest worker writes <prefix>.<worker>.json).
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import sys
+from collections import Counter, defaultdict
+
+import torch
+
+import deferfuse  # noqa: F401  (registers the device and the lowerings)
+from . import dispatch, special
+from .lowering import LOWERINGS
+
+aten = torch.ops.aten
+
+# Core ATen ops that deliberately have no lowering, and why. Everything else in the core set is
+# lowered or decomposed (the report below checks that).
+REASONS: dict[str, str] = {
+    "aten._local_scalar_dense.default": "a host read: served by the sync path, not a program",
+    "aten._pdist_forward.default": "rare; runs through the counted CPU fallback",
+    "aten._adaptive_avg_pool2d_backward.default": "runs through the counted CPU fallback",
+    "aten._adaptive_avg_pool3d.default": "runs through the counted CPU fallback",
+    "aten.adaptive_avg_pool1d.default": "runs through the counted CPU fallback",
+    "aten.nonzero.default": "data-dependent output shape: flushes, then runs eagerly in JAX",
+    "aten.randperm.default": "lowered through the random family (factory without tensor inputs)",
+    "aten.rand.default": "a factory: empty + uniform_ (both served)",
+    "aten.randn.default": "a factory: empty + normal_ (both served)",
+    "aten.scalar_tensor.default": "lowered",
+    "aten.sym_numel.default": "metadata: answered by PyTorch from the wrapper's sizes",
+    "aten.sym_size.int": "metadata: answered by PyTorch from the wrapper's sizes",
+    "aten.sym_storage_offset.default": "metadata: answered by PyTorch from the wrapper's sizes",
+    "aten.sym_stride.int": "metadata: answered by PyTorch from the wrapper's sizes",
+}
+
+
+def core_ops() -> list:
+    out = []
+    for packet_name in dir(aten):
+        packet = getattr(aten, packet_name, None)
+        if not isinstance(packet, torch._ops.OpOverloadPacket):
+            continue
+        for ov in packet.overloads():
+            op = getattr(packet, ov)
+            if torch.Tag.core in op.tags:
+                out.append(op)
+    return sorted(out, key=str)
+
+
+def served(op) -> tuple[str, str]:
+    """(category, detail) for how an ATen overload runs on "tpu"."""
+    if op in LOWERINGS:
+        low = LOWERINGS[op]
+        return "lowered", f"{low.family}: {low.fn.__module__.rsplit('.', 1)[-1]}.{low.fn.__name__}"
+    if op in special.HANDLERS:
+        return "special", special.HANDLERS[op].__name__
+    route = dispatch._classify(op)
+    name = route.__name__
+    if name in ("route_view", "route_as_strided"):
+        return "view", "metadata over the shared storage; nothing computed"
+    if name == "route_inplace_view":
+        return "view", "in-place metadata change"
+    if name == "route_mutating":
+        kind = dispatch._FUNCTIONAL[op]
+        inner = served(kind[1])[0]
+        return "mutation", f"{kind[1]} ({inner}) then a write into the target"
+    if name == "route_decomposed":
+        return "decomposed", "torch._decomp"
+    if name == "route_composite":
+        return "decomposed", "CompositeImplicitAutograd"
+    if name == "route_explicit":
+        return "decomposed", "CompositeExplicitAutograd kernel"
+    if name == "route_data_dependent":
+        how = "eager JAX" if op in special.EAGER else "CPU fallback"
+        return "data-dependent", f"flushes, then {how}"
+    if name == "route_fallback":
+        return "cpu-fallback", REASONS.get(str(op), "no lowering or decomposition")
+    return "special", name
+
+
+def opinfo_counts(pattern: str | None) -> dict:
+    """{mode: {dtype: [passing, total]}} and per-op status from result files."""
+    results: dict[str, str] = {}
+    for path in sorted(glob.glob(pattern)) if pattern else []:
+        with open(path) as f:
+            results.update(json.load(f))
+    table: dict = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    per_op: dict = defaultdict(dict)
+    entries: dict = defaultdict(lambda: defaultdict(dict))
+    for key, status in results.items():
+        name, variant, dtype, mode = key.split("|")
+        col = "backward" if variant == "backward" else dtype
+        entries[mode][col].setdefault(name, True)
+        if status != "pass":
+            entries[mode][col][name] = False
+        per_op[name][f"{variant}/{dtype}/{mode}"] = status
+    for mode, cols in entries.items():
+        for col, ops in cols.items():
+            table[mode][col] = [sum(ops.values()), len(ops)]
+    return {"table": {m: dict(c) for m, c in table.items()}, "per_op": per_op, "n_results": len(results)}
+
+
+def render(counts: dict, core: list) -> str:
+    lines = ["# Op coverage", "", "Generated by `python -m deferfuse.coverage --markdown docs/ops.md`; do not edit.", ""]
+    cats = Counter(served(op)[0] for op in core)
+    lines += [f"## Core ATen ({len(core)} overloads)", "", "| served as | overloads |", "|---|---:|"]
+    lines += [f"| {c} | {n} |" for c, n in cats.most_common()]
+    lines.append("")
+    t = counts["table"]
+    if t:
+        lines += ["## OpInfo entries passing every sample", "",
+                  "An entry is one OpInfo (op and variant name); it passes when every sample of every tested "
+                  "variant (function, method, in-place, out=) matches CPU PyTorch.", ""]
+        cols = ["float32", "bfloat16", "int64", "bool", "backward"]
+        lines += ["| mode | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+        for mode in ("defer_and_fuse", "strict", "debug"):
+            if mode not in t:
+                continue
+            cells = []
+            for c in cols:
+                p, n = t[mode].get(c, [0, 0])
+                cells.append(f"{p}/{n} ({100 * p / n:.1f} %)" if n else "-")
+            lines.append(f"| {mode} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += ["## Every Core ATen overload", "", "| op | served as | how |", "|---|---|---|"]
+    for op in core:
+        c, d = served(op)
+        lines.append(f"| `{op}` | {c} | {d} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--results", default=None, help="glob of OpInfo result files (DEFERFUSE_OPINFO_RESULTS)")
+    p.add_argument("--markdown", default=None, help="write the full table to this file")
+    args = p.parse_args(argv)
+    core = core_ops()
+    counts = opinfo_counts(args.results)
+    cats = Counter(served(op)[0] for op in core)
+    print(f"Core ATen overloads: {len(core)}")
+    for c, n in cats.most_common():
+        print(f"  {c:15s} {n}")
+    fallback = [str(op) for op in core if served(op)[0] == "cpu-fallback"]
+    if fallback:
+        print("  on the CPU fallback: " + ", ".join(fallback))
+    for mode, cols in counts["table"].items():
+        print(f"OpInfo {mode}: " + ", ".join(f"{c} {p}/{n}" for c, (p, n) in sorted(cols.items())))
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(render(counts, core))
+        print(f"wrote {args.markdown}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

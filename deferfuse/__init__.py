@@ -13,6 +13,7 @@ _device.register()
 
 from . import cache as _cache  # noqa: E402
 from .api import metrics, reset_metrics, sync  # noqa: E402
+from .capture import capture  # noqa: E402
 from .config import CONFIG  # noqa: E402
 from .engine import FlushError  # noqa: E402
 from .executors.base import EagerMode  # noqa: E402
@@ -47,6 +48,7 @@ __all__ = [
     "set_default_mode",
     "get_default_mode",
     "sync",
+    "capture",
     "metrics",
     "reset_metrics",
     "FlushError",

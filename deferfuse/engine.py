@@ -6,6 +6,7 @@ sync points; so a Strict op and a one-op DeferAndFuse group are the same cache e
 from __future__ import annotations
 
 import time
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +30,7 @@ class _Stream:
         self.flushing = False
         self.where = None  # the user's (code, offset) of the top-level op being recorded
         self.pushed = 0  # nodes of the current graph already seen by the period detector
+        self.captured = None  # the last captured flush (see capture.py)
 
 
 STREAM = _Stream()
@@ -89,6 +91,8 @@ def value_ref(g: Graph, st: Storage) -> int:
         return st.ref
     v = st.value
     if v is not None:
+        if g.sources is not None:
+            return _captured_input(g, v, st)
         return g.input_ref(v, st.shape, st.dtype)
     if st.error is not None:
         raise st.error
@@ -96,6 +100,14 @@ def value_ref(g: Graph, st: Storage) -> int:
         raise RuntimeError("deferfuse internal error: a storage holds a value of a finished graph")
     ref = g.add(_zeros_op(st.shape, st.dtype), (), None, None)
     st.set_pending(g, ref)
+    return ref
+
+
+def _captured_input(g: Graph, v, st: Storage) -> int:
+    n = len(g.inputs)
+    ref = g.input_ref(v, st.shape, st.dtype)
+    if len(g.inputs) > n:
+        g.sources.append(weakref.ref(st))
     return ref
 
 
@@ -188,6 +200,8 @@ def flush(cause: str, where=None) -> list:
             raise AssertionError("unreachable")
         for s in live:
             s.value = results[refs[s.ref]]
+        if g.sources is not None:
+            STREAM.captured = (g, out_refs, [(s, refs[s.ref]) for s in live], plan)
         n = len(g.nodes)
         m = METRICS
         m.flushes[cause] += 1

@@ -139,6 +139,7 @@ class Graph:
         self.storages: list = []  # weakrefs to storages whose value is pending in this graph
         self.sig: list = []  # per node (op id, inputs), the structural key
         self.reads: dict = {}  # (ref, plan, offset) -> ref, so repeated view reads share a node
+        self.sources: list | None = None  # while capturing: the storage each input came from
 
     def __len__(self):
         return len(self.nodes)

@@ -1,0 +1,87 @@
+"""Capture one step as a single program and replay it without running Python: the "jit" limit.
+
+`deferfuse.capture(step, *args)` records `step(*args)` once in DeferAndFuse with every cut
+disabled, so the whole step becomes one flush, and returns a `Captured` whose call replays that
+program on new arguments. It is what `bench/` calls the `jit` engine: the same lowering and the
+same program, with recording taken out, so the gap between it and DeferAndFuse is exactly what
+recording costs.
+
+A replay reads the *current* value of every storage the step read (parameters, optimizer state:
+their updates chain from one replay to the next), substitutes the new arguments for the captured
+ones, and writes the program's outputs back into the storages the step wrote. Python-side effects
+of the step (an optimizer's CPU step counter, scalars computed from it, RNG counters) are frozen
+at their captured values; use it for steps whose Python part is static.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from . import engine
+from .config import CONFIG
+from .graph import Graph
+from .modes import DeferfuseMode
+from .tensor import TpuTensor
+
+
+class Captured:
+    def __init__(self, result, graph: Graph, outputs, plan, args):
+        self.result = result
+        arg_pos = {id(a._st): i for i, a in enumerate(args) if isinstance(a, TpuTensor)}
+        # per program input: the argument it came from, else the storage (read afresh each
+        # replay), else the captured array itself (a constant such as a host-to-device copy)
+        self._feeds = []
+        for src, captured in zip(graph.sources, graph.inputs):
+            st = src()
+            if st is not None and id(st) in arg_pos:
+                self._feeds.append(("arg", arg_pos[id(st)]))
+            elif st is not None:
+                self._feeds.append(("storage", src, captured))
+            else:
+                self._feeds.append(("const", captured))
+        self._scalars = list(graph.scalars)
+        self._outputs = outputs  # (storage, index into the program's outputs)
+        self._plan = plan
+        self.programs = len(plan.steps)
+
+    def __call__(self, *args) -> Any:
+        if any(isinstance(a, TpuTensor) and (a._st.value is None or a._lay is not None) for a in args):
+            engine.flush("capture")
+        inputs = []
+        for feed in self._feeds:
+            if feed[0] == "arg":
+                inputs.append(args[feed[1]]._st.value)
+            elif feed[0] == "storage":
+                st = feed[1]()
+                inputs.append(st.value if st is not None and st.value is not None else feed[2])
+            else:
+                inputs.append(feed[1])
+        values = self._plan.single(inputs, self._scalars)
+        for st, idx in self._outputs:
+            st.value = values[idx]
+        return self.result
+
+
+def capture(step: Callable[..., Any], *args: Any) -> Captured:
+    """Record `step(*args)` as one program; see the module docstring for what replays."""
+    engine.flush("capture")
+    stream = engine.STREAM
+    saved = (stream.period.lookback, CONFIG.max_pending, CONFIG.max_group_ops)
+    stream.period.lookback = 0
+    CONFIG.max_pending = CONFIG.max_group_ops = 1 << 30
+    stream.graph.sources = []
+    stream.captured = None
+    try:
+        with DeferfuseMode("defer_and_fuse"):
+            result = step(*args)
+            g = stream.graph
+            engine.flush("capture")
+    finally:
+        stream.period.lookback, CONFIG.max_pending, CONFIG.max_group_ops = saved
+        stream.graph.sources = None
+    if stream.captured is None or stream.captured[0] is not g:
+        raise RuntimeError("deferfuse.capture: the step flushed before its end (a host read or a CPU "
+                           "fallback inside it); only steps that record as one graph can be captured")
+    _, out_refs, outputs, plan = stream.captured
+    if plan.single is None:
+        raise RuntimeError("deferfuse.capture: the step needs several programs (a CPU fallback in it)")
+    return Captured(result, g, outputs, plan, args)

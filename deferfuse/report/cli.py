@@ -87,6 +87,7 @@ def run_script(script: str, args: list[str], mode: str) -> tuple[dict[str, Any],
     from deferfuse import cache, events
     from deferfuse.report import collect
 
+    previous_mode = deferfuse.get_default_mode()
     deferfuse.set_default_mode(mode)
     if events.collecting():
         events.stop_collecting()
@@ -108,16 +109,21 @@ def run_script(script: str, args: list[str], mode: str) -> tuple[dict[str, Any],
         code = _exit_code(e.code)
     except BaseException as e:  # noqa: BLE001 - the report is most useful when the script failed
         traceback.print_exc()
-        code, error = 1, f"{type(e).__name__}: {e}"
+        code, error = (130 if isinstance(e, KeyboardInterrupt) else 1), f"{type(e).__name__}: {e}"
     finally:
         wall = time.perf_counter() - t0
         evs = events.stop_collecting()
         sys.argv = saved_argv
-        if saved_path0 is not None:
+        if saved_path0 is not None and sys.path and sys.path[0] == os.path.dirname(path):
             sys.path[0] = saved_path0
+    metrics = deferfuse.metrics()  # before restoring the mode: that flushes what the script left pending
+    try:
+        deferfuse.set_default_mode(previous_mode)
+    except Exception as e:  # noqa: BLE001 - a failure in leftover work is the script's, not the report's
+        print(f"[deferfuse-report] running the work the script left pending failed: {e}", file=sys.stderr)
     sys.stdout.flush()
     script_info = {"path": path, "argv": [script, *args], "exit_code": code, "error": error}
-    rep = collect.build(evs, deferfuse.metrics(), collecting=True, wall_seconds=wall, script=script_info, mode=mode,
+    rep = collect.build(evs, metrics, collecting=True, wall_seconds=wall, script=script_info, mode=mode,
                         events_truncated=len(evs) >= events._EVENT_CAP)
     return rep, code
 

@@ -255,8 +255,12 @@ def _flushes(flushes: list[dict], m: dict, loc: _Locator) -> dict[str, Any]:
     for s in rows:
         s["causes"] = dict(sorted(s["causes"].items(), key=lambda kv: (-kv[1], kv[0])))
     rows, omitted = _capped(rows)
-    return {"total": sum(by_cause_counts.values()), "by_cause": by_cause, "by_source": rows,
-            "by_source_omitted": omitted}
+    total = sum(by_cause_counts.values())
+    # counted but never seen as events: flushes before collection started (deferfuse.report()
+    # called late) or taken by a path that emits no event
+    unattributed = max(0, total - len(flushes))
+    return {"total": total, "by_cause": by_cause, "by_source": rows, "by_source_omitted": omitted,
+            "unattributed": unattributed}
 
 
 def _recompiles(compiles: list[dict], flushes: list[dict], loc: _Locator) -> dict[str, Any]:

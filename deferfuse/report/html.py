@@ -50,6 +50,11 @@ def layout(nodes: list[int], edges: list[tuple[int, int]], sweeps: int = 4) -> d
     layer: dict[int, int] = {}
     for n in sorted(nodes):  # node ids are in recording order, which is a topological order
         layer[n] = max((layer[p] + 1 for p in preds[n] if p in layer), default=0)
+    for n in sorted(nodes, reverse=True):
+        # an input-like node (a view read, a constant) sits just above its first consumer
+        # instead of on the top row, which would draw every such edge across the whole graph
+        if not preds[n] and succs[n]:
+            layer[n] = min(layer[m] for m in succs[n]) - 1
     rows: dict[int, list[int]] = defaultdict(list)
     for n in sorted(nodes):
         rows[layer[n]].append(n)
@@ -131,7 +136,7 @@ def dag_legend(dag: dict[str, Any]) -> str:
 def timeline_svg(timeline: list[dict[str, Any]]) -> str:
     if not timeline:
         return "<p>(no flushes)</p>"
-    w, h, left, bottom, top = 900, 220, 48, 28, 12
+    w, h, left, bottom, top = 900, 230, 48, 28, 22
     n = len(timeline)
     peak = max(b["flushes"] for b in timeline) or 1
     total_compiles = sum(b["compiles"] for b in timeline) or 1
@@ -161,7 +166,7 @@ def timeline_svg(timeline: list[dict[str, Any]]) -> str:
         cum += b["compiles"]
         points.append(f"{x + bw / 2:.1f},{h - bottom - plot_h * cum / total_compiles:.1f}")
     parts.append(f'<polyline points="{" ".join(points)}" fill="none" stroke="#3b5ba5" stroke-width="1.5"/>')
-    parts.append(f'<text x="{w - 12}" y="{top + 8}" text-anchor="end" fill="#3b5ba5">cumulative compiles '
+    parts.append(f'<text x="{w - 12}" y="{top - 8}" text-anchor="end" fill="#3b5ba5">cumulative compiles '
                  f'(max {sum(b["compiles"] for b in timeline)})</text>')
     last = timeline[-1]["first_flush"] + timeline[-1]["flushes"] - 1
     parts.append(f'<text x="{left}" y="{h - 8}">flush 0</text>')

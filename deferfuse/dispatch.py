@@ -104,14 +104,14 @@ def _timed(ex, route, func, args, kwargs):
     global _depth
     m = METRICS
     t0 = time.perf_counter()
-    f0 = m.flush_seconds
+    f0, w0 = m.flush_seconds, m.sync_wait_seconds
     _depth = 1
     try:
         out = route(func, args, kwargs)
     finally:
         _depth = 0
     ex.after_op(func)
-    m.record_seconds += (time.perf_counter() - t0) - (m.flush_seconds - f0)
+    m.record_seconds += (time.perf_counter() - t0) - (m.flush_seconds - f0) - (m.sync_wait_seconds - w0)
     return out
 
 

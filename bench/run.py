@@ -1,0 +1,273 @@
+"""deferfuse's benchmark suite: every workload under every engine, side by side, in one run.
+
+    python -m bench [--reps 5] [--steps 5] [--json FILE] [--workloads mlp,gpt] [--quick]
+
+In-process engines (cpu, strict, debug, defer_and_fuse, jit) are prepared once and then measured
+A/B interleaved, several repetitions each; the tables quote medians. torchax runs in a process of
+its own (see torchax_runner.py) right after. Peak memory is the process's resident-set high-water
+mark (Linux VmHWM, reset before each measured run) minus its resident set at the start of the
+run: JAX's CPU buffers live in the process, where tracemalloc cannot see them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import torch  # noqa: E402
+
+import deferfuse  # noqa: E402
+from workloads import WORKLOADS  # noqa: E402
+
+IN_PROCESS = ("cpu", "strict", "debug", "defer_and_fuse", "jit")
+
+
+# --- memory ----------------------------------------------------------------------------------------
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def _reset_peak() -> None:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+# --- measuring ---------------------------------------------------------------------------------------
+
+
+def measure_workload(name: str, engines, warm: int, steps: int, reps: int) -> dict:
+    make = WORKLOADS[name]
+    runners, res = {}, {}
+    for e in engines:
+        if e == "torchax":
+            continue
+        r = res[e] = {"engine": e}
+        misses0 = deferfuse.metrics()["cache_misses"]
+        t0 = time.perf_counter()
+        try:
+            runner = make(e)
+            runner.step()
+            runner.sync()
+        except NotImplementedError as exc:
+            r["error"] = str(exc)
+            continue
+        r["first_ms"] = (time.perf_counter() - t0) * 1e3
+        for _ in range(warm):
+            runner.step()
+        runner.sync()
+        r["compiled_warmup"] = deferfuse.metrics()["cache_misses"] - misses0
+        r["step_ms"], r["peak_mb"], r["compiled_steady"] = [], [], 0
+        runners[e] = runner
+    for _ in range(reps):
+        for e, runner in runners.items():
+            r = res[e]
+            misses0 = deferfuse.metrics()["cache_misses"]
+            rss0 = _status_kb("VmRSS")
+            _reset_peak()
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                runner.step()
+            runner.sync()
+            r["step_ms"].append((time.perf_counter() - t0) / steps * 1e3)
+            r["peak_mb"].append(max(0, _status_kb("VmHWM") - rss0) / 1024)
+            r["compiled_steady"] += deferfuse.metrics()["cache_misses"] - misses0
+    del runners
+    if "torchax" in engines:
+        res["torchax"] = _torchax(name, warm, steps, reps)
+    return res
+
+
+def _torchax(name: str, warm: int, steps: int, reps: int) -> dict:
+    cmd = [sys.executable, os.path.join(HERE, "torchax_runner.py"), name, str(warm), str(steps), str(reps)]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    except subprocess.TimeoutExpired:
+        return {"engine": "torchax", "error": "timed out"}
+    for line in out.stdout.splitlines():
+        if line.startswith("TORCHAX_RESULT "):
+            return json.loads(line[len("TORCHAX_RESULT "):])
+    return {"engine": "torchax", "error": (out.stderr or out.stdout)[-300:]}
+
+
+def tiny_ops(reps: int, n: int = 2000) -> dict:
+    """µs per op for an 8-element add chain, and DeferAndFuse's recording cost."""
+    import jax
+    import jax.numpy as jnp
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    a = torch.ones(8).to("tpu")
+
+    class Bare(TorchDispatchMode):
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            return False
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return a
+
+    def chain(x, b):
+        for _ in range(n):
+            x = x + b
+        return x
+
+    cpu = torch.ones(8)
+    ja = jnp.ones(8, jnp.float32)
+    jadd = jax.jit(lambda x, y: x + y)
+
+    def run_cpu():
+        t0 = time.perf_counter()
+        chain(cpu, cpu)
+        return time.perf_counter() - t0
+
+    def run_bare():
+        with Bare():
+            t0 = time.perf_counter()
+            chain(a, a)
+            return time.perf_counter() - t0
+
+    def run_mode(kind):
+        def go():
+            with deferfuse.mode(kind):
+                t0 = time.perf_counter()
+                y = chain(a, a)
+                dt = time.perf_counter() - t0
+            y.cpu()
+            return dt
+        return go
+
+    def run_jit():
+        x = ja
+        t0 = time.perf_counter()
+        for _ in range(n):
+            x = jadd(x, ja)
+        x.block_until_ready()
+        return time.perf_counter() - t0
+
+    runs = {"cpu eager": run_cpu, "bare TorchDispatchMode": run_bare, "defer_and_fuse (recording)": run_mode("defer_and_fuse"),
+            "strict": run_mode("strict"), "debug": run_mode("debug"), "jitted JAX call": run_jit}
+    for fn in runs.values():
+        fn()
+    out = {k: [] for k in runs}
+    for _ in range(reps):
+        for k, fn in runs.items():
+            out[k].append(fn() / n * 1e6)
+    return out
+
+
+def compile_scaling() -> dict:
+    """First-step compile seconds of the GPT at 2 and 12 layers, each in a fresh process."""
+    code = (
+        "import sys, time; sys.path.insert(0, %r); import deferfuse, workloads\n"
+        "r = workloads.gpt('defer_and_fuse', layers=%d); r.step(); r.sync()\n"
+        "print('COMPILE', deferfuse.metrics()['compile_seconds'], deferfuse.metrics()['cache_misses'])\n"
+    )
+    out = {}
+    for layers in (2, 12):
+        p = subprocess.run([sys.executable, "-c", code % (HERE, layers)], capture_output=True, text=True, timeout=3600)
+        line = next((ln for ln in p.stdout.splitlines() if ln.startswith("COMPILE")), None)
+        out[layers] = {"seconds": float(line.split()[1]), "programs": int(line.split()[2])} if line else {
+            "error": p.stderr[-300:]}
+    return out
+
+
+# --- reporting -----------------------------------------------------------------------------------------
+
+
+def _med(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def render(results: dict, engines) -> str:
+    lines = []
+    tiny = results.get("tiny")
+    if tiny:
+        bare = _med(tiny["bare TorchDispatchMode"])
+        lines += ["## Tiny-op latency (8-element add)", "", "| engine | median µs/op | × bare mode |", "|---|---:|---:|"]
+        for k, xs in tiny.items():
+            lines.append(f"| {k} | {_med(xs):.1f} | {_med(xs) / bare:.2f} |")
+        lines.append("")
+    lines += ["## Steady-state step time (ms, median)", "",
+              "| workload | " + " | ".join(engines) + " | defer vs strict | defer vs jit |",
+              "|---|" + "---:|" * (len(engines) + 2)]
+    for name, res in results["workloads"].items():
+        cells = []
+        for e in engines:
+            r = res.get(e, {})
+            cells.append(f"{_med(r['step_ms']):.1f}" if r.get("step_ms") else ("fails" if r.get("error") else "-"))
+        d = res.get("defer_and_fuse", {}).get("step_ms")
+        s = res.get("strict", {}).get("step_ms")
+        j = res.get("jit", {}).get("step_ms")
+        vs_s = f"{_med(s) / _med(d):.2f}× faster" if d and s else "-"
+        vs_j = f"{_med(d) / _med(j):.2f}× slower" if d and j else "-"
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {vs_s} | {vs_j} |")
+    lines += ["", "## First step (ms, includes compiling) / programs compiled in warm-up / in steady state / "
+              "peak memory MB", "", "| workload | " + " | ".join(engines) + " |", "|---|" + "---|" * len(engines)]
+    for name, res in results["workloads"].items():
+        cells = []
+        for e in engines:
+            r = res.get(e, {})
+            if r.get("error") or "first_ms" not in r:
+                cells.append("-")
+                continue
+            peak = f"{_med(r['peak_mb']):.0f}" if r.get("peak_mb") else "-"
+            cells.append(f"{r['first_ms']:.0f} / {r.get('compiled_warmup', '-')} / {r.get('compiled_steady', '-')} / {peak}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    scaling = results.get("compile_scaling")
+    if scaling:
+        lines += ["", "## Compile time vs depth (GPT first step, DeferAndFuse, fresh process each)", "",
+                  "| layers | compile s | programs |", "|---:|---:|---:|"]
+        for layers, r in scaling.items():
+            lines.append(f"| {layers} | {r.get('seconds', float('nan')):.1f} | {r.get('programs', '-')} |")
+    errors = [(n, e, r["error"]) for n, res in results["workloads"].items() for e, r in res.items() if r.get("error")]
+    if errors:
+        lines += ["", "## Engines that could not run a workload", ""]
+        lines += [f"- {e} on {n}: {err}" for n, e, err in errors]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warm", type=int, default=3)
+    p.add_argument("--workloads", default="", help="comma-separated name prefixes (default: all)")
+    p.add_argument("--engines", default=",".join(IN_PROCESS + ("torchax",)))
+    p.add_argument("--json", default=None)
+    p.add_argument("--no-scaling", action="store_true", help="skip the 2- vs 12-layer compile measurement")
+    args = p.parse_args(argv)
+    engines = [e for e in args.engines.split(",") if e]
+    wanted = [w for w in args.workloads.split(",") if w]
+    names = [n for n in WORKLOADS if not wanted or any(n.startswith(w) for w in wanted)]
+    results = {"engines": engines, "workloads": {}, "env": {"torch": torch.__version__, "jax": __import__("jax").__version__,
+                                                            "cpus": os.cpu_count()}}
+    results["tiny"] = tiny_ops(args.reps)
+    for name in names:
+        print(f"... {name}", file=sys.stderr, flush=True)
+        results["workloads"][name] = measure_workload(name, engines, args.warm, args.steps, args.reps)
+    if not args.no_scaling:
+        results["compile_scaling"] = compile_scaling()
+    text = render(results, engines)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,269 @@
+"""The benchmark workloads, each runnable under every engine.
+
+A workload's `prepare(engine)` returns a `Runner` whose `step()` runs one step and whose `sync()`
+waits for the device. Engines:
+- cpu: plain PyTorch eager on CPU;
+- strict, debug, defer_and_fuse: deferfuse's modes on "tpu";
+- jit: the same step recorded once with `deferfuse.capture` and replayed as one XLA program
+  (deferfuse's own lowering with recording taken out: the limit DeferAndFuse can approach);
+- torchax: the peer, in its eager mode (runs in a process of its own, see torchax_runner.py).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+
+ENGINES = ("cpu", "strict", "debug", "defer_and_fuse", "jit", "torchax")
+
+
+def device_of(engine: str) -> str:
+    if engine == "torchax":
+        _ctx("torchax")  # the "jax" device exists once torchax is imported
+        return "jax"
+    return "cpu" if engine == "cpu" else "tpu"
+
+
+_TORCHAX_ENV = []
+
+
+def _ctx(engine: str):
+    if engine in ("strict", "debug", "defer_and_fuse"):
+        import deferfuse
+
+        return deferfuse.mode(engine)
+    if engine == "torchax":
+        if not _TORCHAX_ENV:
+            from torchax_shim import import_torchax
+
+            torchax, _ = import_torchax()
+            _TORCHAX_ENV.append(torchax.default_env())
+        return _TORCHAX_ENV[0]
+    return contextlib.nullcontext()
+
+
+@dataclass
+class Runner:
+    step: Callable[[], object]
+    sync: Callable[[], None]
+
+
+def _sync_for(engine: str, last: list):
+    def sync():
+        if engine == "cpu":
+            return
+        if engine == "torchax":
+            import jax
+
+            jax.effects_barrier()
+            for t in last:
+                getattr(t, "jax", lambda: None)()
+            return
+        import deferfuse
+
+        with _ctx(engine):
+            deferfuse.sync()
+
+    return sync
+
+
+def _make_runner(engine: str, step_fn: Callable[[], object]) -> Runner:
+    """Wrap a step that uses tensors on device_of(engine) into a Runner for that engine."""
+    last: list = []
+    if engine == "jit":
+        import deferfuse
+
+        for _ in range(2):  # let first-step Python state (optimizer buffers) settle
+            with deferfuse.mode():
+                step_fn()
+        cap = deferfuse.capture(step_fn)
+
+        def step():
+            return cap()
+
+        return Runner(step, _sync_for(engine, last))
+    ctx = _ctx(engine)
+
+    def step():
+        with ctx:
+            out = step_fn()
+        last[:] = [out] if isinstance(out, torch.Tensor) else []
+        return out
+
+    return Runner(step, _sync_for(engine, last))
+
+
+# --- workloads -------------------------------------------------------------------------------------
+
+
+def chain(engine: str, numel: int = 16 * 1024 * 1024) -> Runner:
+    """20 elementwise ops over 16 M floats: memory bound, where fusion saves 19 round trips."""
+    dev = device_of(engine)
+    torch.manual_seed(0)
+    x = torch.rand(numel).to(dev)
+
+    def step_fn():
+        y = x
+        for i in range(4):
+            y = y * 1.0001
+            y = y + 0.5
+            y = torch.tanh(y)
+            y = y * y
+            y = torch.sigmoid(y)
+        return y
+
+    return _make_runner(engine, step_fn)
+
+
+def mlp(engine: str) -> Runner:
+    import mlp_train
+
+    dev = device_of(engine)
+    torch.manual_seed(0)
+    model = mlp_train.make_model(512).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = mlp_train.batches(512, 64)
+    x, y = (t.to(dev) for t in next(data))
+
+    def step_fn():
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    return _make_runner(engine, step_fn)
+
+
+def gpt(engine: str, layers: int = 4) -> Runner:
+    import gpt_train
+
+    dev = device_of(engine)
+    torch.manual_seed(0)
+    cfg = gpt_train.GPTConfig(layers=layers)
+    model = gpt_train.GPT(cfg).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = (t.to(dev) for t in next(gpt_train.batches(cfg, 8)))
+
+    def step_fn():
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    return _make_runner(engine, step_fn)
+
+
+class ConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.b1 = nn.BatchNorm2d(16)
+        self.c2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.b2 = nn.BatchNorm2d(32)
+        self.fc = nn.Linear(32 * 8 * 8, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.b1(self.c1(x))), 2)
+        x = F.max_pool2d(F.relu(self.b2(self.c2(x))), 2)
+        return self.fc(x.flatten(1))
+
+
+def convnet(engine: str) -> Runner:
+    dev = device_of(engine)
+    torch.manual_seed(0)
+    model = ConvNet().to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(32, 3, 32, 32, generator=g).to(dev)
+    t = torch.randint(0, 10, (32,), generator=g).to(dev)
+
+    def step_fn():
+        loss = F.cross_entropy(model(x), t)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    return _make_runner(engine, step_fn)
+
+
+def _kv_model(dev):
+    import gpt_train
+
+    torch.manual_seed(0)
+    cfg = gpt_train.GPTConfig(layers=2, seq=256)
+    return gpt_train.GPT(cfg).to(dev).eval(), cfg
+
+
+def kv_decode(engine: str, bucket: int = 0, tokens: int = 48) -> Runner:
+    """Greedy decoding with a KV cache: the cache grows one token per step, so every step has a
+    new sequence length (a new program) unless the cache is padded to a bucket and masked."""
+    dev = device_of(engine)
+    model, cfg = _kv_model(dev)
+    heads, hd = cfg.heads, cfg.dim // cfg.heads
+
+    def attend(blk, x, cache, pos):
+        b, t, c = x.shape
+        q, k, v = blk.qkv(blk.ln1(x)).split(c, dim=2)
+        q = q.view(b, t, heads, hd).transpose(1, 2)
+        k = k.view(b, t, heads, hd).transpose(1, 2)
+        v = v.view(b, t, heads, hd).transpose(1, 2)
+        if bucket:
+            kc, vc = cache
+            kc[:, :, pos:pos + 1] = k
+            vc[:, :, pos:pos + 1] = v
+            size = kc.shape[2]
+            mask = (torch.arange(size, device=x.device) <= pos).view(1, size)
+            y = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask)
+            new = cache
+        else:
+            kc = k if cache is None else torch.cat([cache[0], k], dim=2)
+            vc = v if cache is None else torch.cat([cache[1], v], dim=2)
+            y = F.scaled_dot_product_attention(q, kc, vc)
+            new = (kc, vc)
+        y = y.transpose(1, 2).reshape(b, t, c)
+        x = x + blk.proj(y)
+        x = x + blk.out(F.gelu(blk.fc(blk.ln2(x))))
+        return x, new
+
+    def generate():
+        with torch.no_grad():
+            tok = torch.zeros(1, 1, dtype=torch.long, device=dev)
+            if bucket:
+                size = ((tokens + bucket - 1) // bucket) * bucket
+                caches = [(torch.zeros(1, heads, size, hd, device=dev), torch.zeros(1, heads, size, hd, device=dev))
+                          for _ in model.blocks]
+            else:
+                caches = [None] * len(model.blocks)
+            out = []
+            for pos in range(tokens):
+                x = model.tok(tok) + model.pos(torch.full((1,), pos, device=dev, dtype=torch.long))
+                for i, blk in enumerate(model.blocks):
+                    x, caches[i] = attend(blk, x, caches[i], pos)
+                tok = model.head(model.ln(x)).argmax(-1)
+                out.append(tok)
+            return torch.cat(out, dim=1)
+
+    if engine == "jit":
+        raise NotImplementedError("shapes change every token: nothing to capture once")
+    return _make_runner(engine, generate)
+
+
+WORKLOADS: dict[str, Callable[[str], Runner]] = {
+    "chain (20 ops, 16M floats)": chain,
+    "mlp train (3x512, batch 64)": mlp,
+    "gpt train (4 layers, d128)": gpt,
+    "convnet train (2 conv, bs 32)": convnet,
+    "kv decode (48 tokens)": kv_decode,
+    "kv decode, bucket 64": lambda e: kv_decode(e, bucket=64),
+}

@@ -347,6 +347,22 @@ def route_index_put(func, args, kwargs):
     return route_lowered(func, (x, indices, values, accumulate), {})
 
 
+def route_to_dtype(func, args, kwargs):
+    """`t.to(dtype)` is everywhere in decompositions; most calls change nothing and return t."""
+    x = args[0]
+    dtype = args[1] if len(args) > 1 else kwargs.get("dtype")
+    copy = args[3] if len(args) > 3 else kwargs.get("copy", False)
+    fmt = args[4] if len(args) > 4 else kwargs.get("memory_format")
+    if not copy and dtype == x.dtype and fmt in (None, torch.preserve_format):
+        return x
+    from .dispatch import dispatch
+
+    kw = {"dtype": dtype}
+    if fmt is not None:
+        kw["memory_format"] = fmt
+    return dispatch(aten._to_copy.default, (x,), kw)
+
+
 def route_equal(func, args, kwargs):
     a, b = args[0], args[1]
     if tuple(a.shape) != tuple(b.shape):
@@ -370,6 +386,7 @@ HANDLERS = {
     aten.lift_fresh.default: route_lift_fresh,
     aten.set_.source_Tensor: route_set_source_tensor,
     aten.equal.default: route_equal,
+    aten.to.dtype: route_to_dtype,
     aten.index.Tensor: route_index,
     aten._unsafe_index.Tensor: route_index,
     aten.index_put.default: route_index_put,

@@ -256,3 +256,88 @@ def adaptive_avg_pool2d_backward(grad, x):
 @lowering(aten._adaptive_avg_pool3d_backward.default, family="conv")
 def adaptive_avg_pool3d_backward(grad, x):
     return _adaptive_avg_backward(grad, x, 3)
+
+
+# --- backward ops lowered as one node each ------------------------------------------------------------
+# PyTorch's decompositions of these expand into 10-30 small ops per call; a training step calls
+# them for every layer, so one node each keeps recording cheap. The maths is the same formula.
+
+
+@lowering(aten.native_layer_norm_backward.default, family="norm")
+def native_layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bias, output_mask):
+    axis = x.ndim - len(normalized_shape)
+    axes = tuple(range(axis, x.ndim))
+    xf, gf = _up(x), _up(grad)
+    xhat = (xf - mean) * rstd
+    g = gf * weight if weight is not None else gf
+    n = 1
+    for d in normalized_shape:
+        n *= d
+    gi = None
+    if output_mask[0]:
+        gi = rstd * (g - jnp.mean(g, axis=axes, keepdims=True) - xhat * jnp.mean(g * xhat, axis=axes, keepdims=True))
+        if n == 0:
+            gi = jnp.zeros_like(xf)
+    lead = tuple(range(axis))
+    gw = jnp.sum(gf * xhat, axis=lead) if (output_mask[1] and weight is not None) else None
+    gb = jnp.sum(gf, axis=lead) if (output_mask[2] and bias is not None) else None
+    return gi, gw, gb
+
+
+@lowering(aten._softmax_backward_data.default, family="norm")
+def softmax_backward(grad, out, dim, input_dtype):
+    g, o = _up(grad), _up(out)
+    if o.ndim == 0:
+        return jnp.zeros_like(g)
+    return o * (g - jnp.sum(g * o, axis=dim % o.ndim, keepdims=True))
+
+
+@lowering(aten._log_softmax_backward_data.default, family="norm")
+def log_softmax_backward(grad, out, dim, input_dtype):
+    g, o = _up(grad), _up(out)
+    if o.ndim == 0:
+        return jnp.zeros_like(g)
+    return g - jnp.exp(o) * jnp.sum(g, axis=dim % o.ndim, keepdims=True)
+
+
+def _nll_pick(x, target, weight, ignore_index):
+    """Per-element -w[t] * x[n, t, ...] and w[t], zero where target == ignore_index."""
+    cls_axis = 1 if x.ndim >= 2 else 0
+    valid = target != ignore_index
+    safe = jnp.where(valid, target, 0)
+    if x.ndim == 1:
+        picked = x[safe]
+    else:
+        picked = jnp.take_along_axis(x, jnp.expand_dims(safe, cls_axis), axis=cls_axis).squeeze(cls_axis)
+    w = weight[safe] if weight is not None else jnp.ones(safe.shape, x.dtype)
+    w = jnp.where(valid, w, 0).astype(x.dtype)
+    return -picked * w, w
+
+
+@lowering(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default, family="norm")
+def nll_loss_forward(x, target, weight, reduction, ignore_index):
+    losses, w = _nll_pick(x, target, weight, ignore_index)
+    total = jnp.sum(w)
+    if reduction == 0:  # none
+        return losses, jnp.zeros((), x.dtype)
+    if reduction == 1:  # mean
+        return jnp.sum(losses) / total, total
+    return jnp.sum(losses), total
+
+
+@lowering(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default, family="norm")
+def nll_loss_backward(grad, x, target, weight, reduction, ignore_index, total_weight):
+    _, vjp = jax.vjp(lambda v: nll_loss_forward(v, target, weight, reduction, ignore_index)[0], x)
+    return vjp(grad.astype(x.dtype))[0]
+
+
+@lowering(aten.embedding_dense_backward.default, family="index")
+def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
+    flat_idx = indices.reshape(-1)
+    g = grad.reshape(flat_idx.shape[0], -1)
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), g.dtype).at[flat_idx].add(1)
+        g = g / counts[flat_idx][:, None]
+    if padding_idx >= 0:
+        g = jnp.where((flat_idx == padding_idx)[:, None], 0, g)
+    return jnp.zeros((num_weights, g.shape[1]), g.dtype).at[flat_idx].add(g)

@@ -1,0 +1,108 @@
+"""scaled_dot_product_attention as one node forward and one node backward.
+
+`F.scaled_dot_product_attention` is CompositeImplicitAutograd: on a device without a fused kernel
+PyTorch expands it above the dispatcher into ~15 ops, and autograd records ~20 more for the
+backward, per layer per step. Here it is claimed at its autograd key for "tpu" tensors: a custom
+`torch.autograd.Function` calls two ops of our own, `deferfuse::sdpa` and `deferfuse::sdpa_backward`,
+each lowered to JAX (the backward is the VJP of the forward, so they cannot drift apart).
+
+The math is PyTorch's math path: softmax(q kᵀ · scale + mask) v, with `is_causal` as a
+lower-triangular mask aligned top-left, boolean masks as -inf, float masks added, and a fully
+masked row giving NaN like CPU. Calls with dropout go to PyTorch's own decomposition (their mask
+must be shared between forward and backward), as do nested or non-"tpu" calls.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from .registry import lowering
+
+_lib = torch.library.Library("deferfuse", "DEF")
+_lib.define(
+    "sdpa(Tensor q, Tensor k, Tensor v, Tensor? mask, bool causal, float? scale, bool gqa) -> Tensor"
+)
+_lib.define(
+    "sdpa_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor? mask, bool causal, float? scale, bool gqa)"
+    " -> (Tensor, Tensor, Tensor)"
+)
+SDPA = torch.ops.deferfuse.sdpa.default
+SDPA_BACKWARD = torch.ops.deferfuse.sdpa_backward.default
+
+
+@torch.library.register_fake("deferfuse::sdpa")
+def _sdpa_fake(q, k, v, mask, causal, scale, gqa):
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    return q.new_empty(tuple(batch) + (q.shape[-2], v.shape[-1]))
+
+
+@torch.library.register_fake("deferfuse::sdpa_backward")
+def _sdpa_backward_fake(grad, q, k, v, mask, causal, scale, gqa):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _attend(q, k, v, mask, causal, scale, gqa):
+    dt = q.dtype
+    up = jnp.float32 if dt in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)) else dt
+    q, k, v = q.astype(up), k.astype(up), v.astype(up)
+    if gqa and k.ndim >= 3 and k.shape[-3] != q.shape[-3]:
+        rep = q.shape[-3] // k.shape[-3]
+        k = jnp.repeat(k, rep, axis=-3)
+        v = jnp.repeat(v, rep, axis=-3)
+    s = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    scores = jnp.matmul(q, jnp.swapaxes(k, -1, -2)) * s
+    L, S = q.shape[-2], k.shape[-2]
+    if causal:
+        keep = jnp.tril(jnp.ones((L, S), jnp.bool_))
+        scores = jnp.where(keep, scores, -jnp.inf)
+    if mask is not None:
+        if mask.dtype == jnp.bool_:
+            scores = jnp.where(mask, scores, -jnp.inf)
+        else:
+            scores = scores + mask.astype(up)
+    probs = jax.nn.softmax(scores, axis=-1)
+    return jnp.matmul(probs, v).astype(dt)
+
+
+@lowering(SDPA, family="matmul")
+def sdpa(q, k, v, mask, causal, scale, gqa):
+    return _attend(q, k, v, mask, causal, scale, gqa)
+
+
+@lowering(SDPA_BACKWARD, family="matmul")
+def sdpa_backward(grad, q, k, v, mask, causal, scale, gqa):
+    _, vjp = jax.vjp(lambda a, b, c: _attend(a, b, c, mask, causal, scale, gqa), q, k, v)
+    return vjp(grad.astype(q.dtype))
+
+
+class _Attention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, mask, causal, scale, gqa):
+        ctx.save_for_backward(q, k, v, mask)
+        ctx.args = (causal, scale, gqa)
+        return SDPA(q, k, v, mask, causal, scale, gqa)
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, mask = ctx.saved_tensors
+        dq, dk, dv = SDPA_BACKWARD(grad.contiguous(), q, k, v, mask, *ctx.args)
+        return dq, dk, dv, None, None, None, None
+
+
+_impl = torch.library.Library("aten", "IMPL")
+_composite = torch.ops.aten.scaled_dot_product_attention.default
+
+
+def _sdpa_autograd(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    if dropout_p and dropout_p > 0.0:
+        return _composite.decompose(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+    mask = attn_mask
+    if mask is not None and mask.dtype == torch.uint8:
+        mask = mask.bool()
+    return _Attention.apply(q, k, v, mask, bool(is_causal), scale, bool(enable_gqa))
+
+
+_impl.impl("scaled_dot_product_attention", _sdpa_autograd, "AutogradPrivateUse1")

@@ -308,10 +308,21 @@ def route_view(func, args, kwargs):
         _VIEWS[key] = outs
     base = tensors[0]
     if any(o[3] != base.dtype for o in outs[0]):
-        raise NotImplementedError(f"deferfuse: dtype-changing view {func} needs a lowering")
+        return _copying_view(func, args, kwargs)
     off = offset_of(base)
     res = [tensor.view_of(base, size, stride, off + delta, dtype) for size, stride, delta, dtype in outs[0]]
     return unflatten_outputs(res, outs[1])
+
+
+def _copying_view(func, args, kwargs):
+    """A view that reinterprets the dtype (view_as_real, view(dtype), .real): computed as a copy.
+    Reads are exact; a write into the result would not reach the base, so it raises instead."""
+    if func not in LOWERINGS:
+        raise NotImplementedError(f"deferfuse: {func} reinterprets its input's dtype and has no lowering")
+    out = route_lowered(func, args, kwargs)
+    for t in out if isinstance(out, (list, tuple)) else [out]:
+        t._st.copy_of = str(func)
+    return out
 
 
 def route_as_strided(func, args, kwargs):
@@ -384,13 +395,17 @@ def _functional_variant(func):
     if schema.arguments[0].alias_info is not None and schema.arguments[0].alias_info.is_write and name.endswith("_"):
         want = [(a.name, str(a.type)) for a in schema.arguments]
         for base_name in (name[:-1], name[:-1] + "_functional"):
-            base = getattr(aten, base_name, None)
-            if base is None:
+            try:
+                base = getattr(aten, base_name)
+                overloads = base.overloads()
+            except (AttributeError, RuntimeError):
                 continue
-            cand = getattr(base, func._overloadname, None)
-            if cand is not None and not cand._schema.is_mutable and len(cand._schema.arguments) == len(want):
+            cand = getattr(base, func._overloadname, None) if func._overloadname in overloads or \
+                func._overloadname == "default" and "default" in overloads else None
+            if cand is not None and not cand._schema.is_mutable and \
+                    [(a.name, str(a.type)) for a in cand._schema.arguments] == want:
                 return ("inplace", cand)
-            for ov in base.overloads():
+            for ov in overloads:
                 c = getattr(base, ov)
                 if not c._schema.is_mutable and [(a.name, str(a.type)) for a in c._schema.arguments] == want:
                     return ("inplace", c)
@@ -460,7 +475,10 @@ def _check_meta(func, args, kwargs) -> None:
     key, _, _ = signature(spec, args, kwargs)
     if key in _CHECKED:
         return
-    run_meta(func, args, kwargs)
+    try:
+        run_meta(func, args, kwargs)
+    except NotImplementedError:
+        pass  # no meta kernel: the functional op's own checks still run
     _CHECKED.add(key)
 
 
@@ -495,18 +513,28 @@ def route_fallback(func, args, kwargs):
     return fallback.run(func, args, kwargs)
 
 
+def _has_kernel(name: str, key: str) -> bool:
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(name, key)
+    except RuntimeError:  # an op defined only in Python (no dispatcher entry by that name)
+        return False
+
+
 def _classify(func) -> Callable:
     sp = special.HANDLERS.get(func)
     if sp is not None:
         return sp
     if func in LOWERINGS:
+        returns = func._schema.returns
+        if returns and all(r.alias_info is not None and not r.alias_info.is_write for r in returns):
+            return _copying_view  # a view deferfuse cannot alias (dtype reinterpretation)
         return route_lowered
     if func is aten.as_strided.default:
         return route_as_strided
     schema = func._schema
     tags = func.tags
     name = func.name()
-    if torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeImplicitAutograd") and func not in DECOMPOSITIONS:
+    if _has_kernel(name, "CompositeImplicitAutograd") and func not in DECOMPOSITIONS:
         return route_composite
     if torch.Tag.inplace_view in tags:
         return route_inplace_view
@@ -525,9 +553,9 @@ def _classify(func) -> Callable:
             return route_mutating
     if func in DECOMPOSITIONS:
         return route_decomposed
-    if torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeImplicitAutograd"):
+    if _has_kernel(name, "CompositeImplicitAutograd"):
         return route_composite
-    if torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeExplicitAutograd"):
+    if _has_kernel(name, "CompositeExplicitAutograd"):
         return route_explicit
     return route_fallback
 

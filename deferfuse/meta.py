@@ -147,11 +147,20 @@ def _part(kind, a, spec, tensors, scalars):
 def signature(spec: ArgSpec, args: tuple, kwargs: dict):
     """(hashable key, tpu tensors in order, runtime scalars in order)."""
     key = [spec.fid, len(args)]
+    append = key.append
     tensors: list = []
     scalars: list = []
     pos = spec.pos
     for i, a in enumerate(args):
-        key.append(_part(pos[i], a, spec, tensors, scalars))
+        kind = pos[i]
+        ta = type(a)
+        if ta is TpuTensor and (kind == T or kind == TOPT):  # the common case, inline
+            tensors.append(a)
+            append(a._lid)
+        elif kind == STATIC and (ta is int or a is None):
+            append(a)
+        else:
+            append(_part(kind, a, spec, tensors, scalars))
     if kwargs:
         kw = spec.kw
         for name, a in kwargs.items():

@@ -95,6 +95,11 @@ def _convert_op(ssize, sdtype, dsize, ddtype) -> Op:
 
 
 def _check_writable(dst: TpuTensor) -> None:
+    if dst._st.copy_of is not None:
+        raise NotImplementedError(
+            f"deferfuse: this tensor is the result of {dst._st.copy_of}, a view PyTorch aliases but deferfuse "
+            "computes as a copy; writing into it would not update its base. Write into the base instead."
+        )
     size, stride, _ = LAYOUTS[dst._lid]
     if any(s == 0 and n > 1 for n, s in zip(size, stride)) or (dst._lay is not None and dst._lay[0][0] == "gather"
                                                                   and _overlaps(size, stride)):

@@ -44,7 +44,7 @@ class Storage:
     zeros). A new value replaces the old one; arrays are never mutated.
     """
 
-    __slots__ = ("value", "graph", "ref", "shape", "dtype", "error", "__weakref__")
+    __slots__ = ("value", "graph", "ref", "shape", "dtype", "error", "copy_of", "__weakref__")
 
     def __init__(self, value, shape: tuple, dtype: torch.dtype, graph=None, ref: int = 0):
         self.value = value
@@ -53,6 +53,9 @@ class Storage:
         self.shape = shape
         self.dtype = dtype
         self.error = None
+        # set when this storage stands for a view PyTorch would alias but deferfuse copies
+        # (dtype-reinterpreting views): writing into it must not silently miss the base
+        self.copy_of = None
 
     @property
     def numel(self) -> int:

@@ -101,3 +101,41 @@ def as_strided_scatter(x, src, size, stride, storage_offset=None):
 
     plan = views.plan_view((x.size,), tuple(size), tuple(stride), storage_offset or 0)
     return views.write(x.reshape(-1), plan, storage_offset or 0, src).reshape(x.shape)
+
+
+# --- dtype-reinterpreting views (computed as copies; see dispatch._copying_view) ------------------
+
+
+@lowering(aten.view_as_real.default, family="misc")
+def view_as_real(x):
+    return jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1)
+
+
+@lowering(aten.view_as_complex.default, family="misc")
+def view_as_complex(x):
+    return lax.complex(x[..., 0], x[..., 1])
+
+
+@lowering(aten.real.default, family="misc")
+def real(x):
+    return jnp.real(x)
+
+
+@lowering(aten.imag.default, family="misc")
+def imag(x):
+    return jnp.imag(x)
+
+
+@lowering(aten.view.dtype, family="misc", ctx=True)
+def view_dtype(ctx, x, dtype):
+    """Bit reinterpretation; a size change folds into (or out of) the last dimension."""
+    target = to_jax_dtype(ctx.out_dtype)
+    src_bits, dst_bits = x.dtype.itemsize, jnp.dtype(target).itemsize
+    if src_bits == dst_bits:
+        return lax.bitcast_convert_type(x, target)
+    if src_bits > dst_bits:
+        y = lax.bitcast_convert_type(x, target)  # adds a trailing dim of src/dst
+        return y.reshape(x.shape[:-1] + (x.shape[-1] * (src_bits // dst_bits),))
+    ratio = dst_bits // src_bits
+    y = x.reshape(x.shape[:-1] + (x.shape[-1] // ratio, ratio))
+    return lax.bitcast_convert_type(y, target)

@@ -15,6 +15,7 @@ Routes, tried in this order when an overload is first seen (the choice is cached
 from __future__ import annotations
 
 import time
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -180,6 +181,7 @@ def _iter_placeholders(obj, kinds):
 
 
 _make = torch.Tensor._make_wrapper_subclass
+_weakref = weakref.ref
 _DEVICE = tensor.DEVICE
 _METRICS = METRICS
 _STREAM = engine.STREAM
@@ -206,9 +208,10 @@ def emit(r: Recipe, tensors, scalars):
     base = g.add(op, refs, scalars, _STATE.where)
     _METRICS.ops_recorded += 1
     out = []
+    track = g.storages.append
     for k, (size, stride, dtype, lid, phys, lay) in enumerate(r.outs):
-        st = Storage(None, phys, dtype)
-        st.set_pending(g, base | k)
+        st = Storage(None, phys, dtype, g, base | k)
+        track(_weakref(st))
         if lay is None:
             t = _make(TpuTensor, size, dtype=dtype, device=_DEVICE)
         else:

@@ -5,6 +5,7 @@ Kept apart from the test module so `python -m deferfuse.coverage` can reuse it t
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import warnings
@@ -20,7 +21,6 @@ with warnings.catch_warnings():
     from torch.testing._internal.common_methods_invocations import op_db
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-XFAIL_FILE = os.path.join(HERE, "opinfo_xfail.json")
 
 MODES = ("strict", "debug", "defer_and_fuse")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int64": torch.int64, "bool": torch.bool}
@@ -50,9 +50,18 @@ def is_random(op, sample=None) -> bool:
 
 
 def load_xfails() -> dict[str, str]:
-    with open(XFAIL_FILE) as f:
-        data = json.load(f)
-    return {k: v for k, v in data.items() if not k.startswith("_")}
+    """All tests/opinfo_xfail*.json files (one per op family keeps edits from colliding)."""
+    out: dict[str, str] = {}
+    for path in sorted(glob.glob(os.path.join(HERE, "opinfo_xfail*.json"))):
+        with open(path) as f:
+            data = json.load(f)
+        for k, v in data.items():
+            if k.startswith("_"):
+                continue
+            if k in out:
+                raise ValueError(f"{k} is listed twice (in {path} and another xfail file)")
+            out[k] = v
+    return out
 
 
 def xfail_key(op_name: str, variant: str, dtype: str, mode: str) -> str:

@@ -155,8 +155,10 @@ def _out_info(meta_leaves) -> list:
 def _make_recipe(func, spec, key, args, kwargs, low=None, host=False) -> Recipe:
     meta_out = run_meta(func, args, kwargs)
     leaves, spec_out = flatten_outputs(meta_out)
-    outs = _out_info(leaves)
     low = low if low is not None else LOWERINGS.get(func)
+    if low is not None and low.meta_fix is not None:
+        leaves = low.meta_fix(args, kwargs, leaves)
+    outs = _out_info(leaves)
     tmpl = template(spec, args, kwargs)
     n_scalars = sum(1 for _ in _iter_placeholders(tmpl, ("s", "c")))
     op = Op.intern(
@@ -458,7 +460,15 @@ def route_mutating(func, args, kwargs):
     outs = [kwargs[n] for n in out_names]
     results = [result] if len(outs) == 1 else list(result)
     for o, r in zip(outs, results):
-        special.assign_out(o, r)
+        if isinstance(o, (list, tuple)):  # a Tensor[] out (split_with_sizes_copy, unbind_copy)
+            if len(o) != len(r):
+                raise RuntimeError(f"{func}: expected {len(r)} out tensors, got {len(o)}")
+            for oo, rr in zip(o, r):
+                special.assign_out(oo, rr)
+        else:
+            special.assign_out(o, r)
+    if not func._schema.returns:
+        return None
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 

@@ -268,7 +268,9 @@ def route_set_source_tensor(func, args, kwargs):
 def _eager_nonzero(args, kwargs):
     x = args[0]
     v = engine.concrete(x, "data_dependent", _where())
-    return from_concrete(jnp.argwhere(v).astype(jnp.int64).reshape(-1, x.dim()), torch.int64)
+    if v.ndim == 0:  # PyTorch: (1, 0) for a nonzero scalar, (0, 0) otherwise
+        return from_concrete(jnp.zeros((1 if bool(v != 0) else 0, 0), jnp.int64), torch.int64)
+    return from_concrete(jnp.argwhere(v).astype(jnp.int64), torch.int64)
 
 
 def _eager_masked_select(args, kwargs):

@@ -59,12 +59,13 @@ def _meta_of(x):
 
 
 def _flatten(res) -> list:
+    """Tensor leaves in order; None (an output PyTorch leaves undefined) is not a leaf."""
     if isinstance(res, (list, tuple)):
         out = []
         for r in res:
             out.extend(_flatten(r))
         return out
-    return [res]
+    return [] if res is None else [res]
 
 
 def finalize(name: str, res, outs) -> list:

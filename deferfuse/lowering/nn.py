@@ -33,7 +33,14 @@ def log_softmax(x, dim, half_to_float):
     return jax.nn.log_softmax(_up(x), axis=dim % x.ndim)
 
 
-@lowering(aten.native_layer_norm.default, family="norm")
+def _stats_in_input_dtype(args, kwargs, leaves):
+    """CPU PyTorch returns half-precision mean/rstd for half inputs; the meta kernel says float32."""
+    dtype = args[0].dtype
+    return [leaves[0]] + [m.to(dtype) if m.dtype != dtype and m.dtype.is_floating_point else m for m in leaves[1:3]] \
+        + list(leaves[3:])
+
+
+@lowering(aten.native_layer_norm.default, family="norm", meta_fix=_stats_in_input_dtype)
 def native_layer_norm(x, normalized_shape, weight, bias, eps):
     axis = x.ndim - len(normalized_shape)
     axes = tuple(range(axis, x.ndim))

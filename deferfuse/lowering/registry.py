@@ -13,6 +13,8 @@ decorator, in one statement:
 - `supports`: a predicate over meta arguments; calls outside it take the CPU fallback.
 - `rng=True`: the op gets a fresh JAX key as keyword `key`.
 - `ctx=True`: the function's first argument is a `LowerCtx` (output avals, meta inputs).
+- `meta_fix`: `(args, kwargs, meta_outputs) -> meta_outputs`, for the few ops whose meta kernel
+  disagrees with CPU PyTorch (the oracle) about an output dtype.
 
 Registering the same overload twice is an error at import.
 """
@@ -51,6 +53,7 @@ class Lowering:
     supports: Callable | None
     rng: bool
     ctx: bool
+    meta_fix: Callable | None = None
 
 
 LOWERINGS: dict[Any, Lowering] = {}
@@ -65,6 +68,7 @@ def lowering(
     supports: Callable | None = None,
     rng: bool = False,
     ctx: bool = False,
+    meta_fix: Callable | None = None,
 ):
     if family not in FAMILIES:
         raise ValueError(f"unknown lowering family {family!r}")
@@ -75,7 +79,7 @@ def lowering(
         for op in ops:
             if op in LOWERINGS:
                 raise RuntimeError(f"deferfuse: {op} has two lowerings ({LOWERINGS[op].fn.__name__}, {fn.__name__})")
-            LOWERINGS[op] = Lowering(op, fn, family, promote, promote_args, tuple(static), supports, rng, ctx)
+            LOWERINGS[op] = Lowering(op, fn, family, promote, promote_args, tuple(static), supports, rng, ctx, meta_fix)
         return fn
 
     return register

@@ -139,3 +139,20 @@ def view_dtype(ctx, x, dtype):
     ratio = dst_bits // src_bits
     y = x.reshape(x.shape[:-1] + (x.shape[-1] // ratio, ratio))
     return lax.bitcast_convert_type(y, target)
+
+
+@lowering(aten._conj.default, family="elementwise")
+def conj_view(x):
+    """PyTorch's lazy conjugate bit has no counterpart on tpu: materialise the conjugate."""
+    return jnp.conj(x)
+
+
+@lowering(aten._neg_view.default, family="elementwise")
+def neg_view(x):
+    """The lazy negation bit, materialised."""
+    return jnp.negative(x)
+
+
+@lowering(aten.conj_physical.default, family="elementwise")
+def conj_physical(x):
+    return jnp.conj(x)

@@ -12,7 +12,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ..dtypes import to_jax_dtype
 from .registry import aten, lowering
+
+_HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
 
 def _unary(op, fn, promote="default"):
@@ -48,7 +51,6 @@ for _op, _fn in [
     (aten.erfc.default, jax.scipy.special.erfc),
     (aten.erfinv.default, jax.scipy.special.erfinv),
     (aten.lgamma.default, jax.scipy.special.gammaln),
-    (aten.digamma.default, jax.scipy.special.digamma),
     (aten.reciprocal.default, jnp.reciprocal),
     (aten.sinc.default, jnp.sinc),
     (aten.deg2rad.default, jnp.deg2rad),
@@ -62,7 +64,6 @@ for _op, _fn in [
     (aten.ceil.default, jnp.ceil),
     (aten.trunc.default, jnp.trunc),
     (aten.frac.default, lambda x: x - jnp.trunc(x)),
-    (aten.sign.default, jnp.sign),
     (aten.bitwise_not.default, jnp.invert),
 ]:
     _unary(_op, _fn)
@@ -77,6 +78,20 @@ for _op, _fn in [
     (aten.logical_not.default, jnp.logical_not),
 ]:
     _unary(_op, _fn, promote=None)
+
+
+@lowering(aten.digamma.default, promote="int_to_float")
+def digamma(x):
+    """CPU's poles at zero are signed infinities (-inf at +0, +inf at -0); JAX gives NaN there."""
+    return jnp.where(x == 0, jnp.copysign(jnp.inf, -x).astype(x.dtype), jax.scipy.special.digamma(x))
+
+
+@lowering(aten.sign.default, promote="default")
+def sign(x):
+    """CPU gives 0 for NaN and +0 for -0 (jnp.sign keeps both); a bool is its own sign."""
+    if x.dtype == jnp.bool_:
+        return x
+    return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
 
 
 @lowering(aten.abs.default, promote="complex_to_float")
@@ -173,16 +188,22 @@ def div(x, y):
     return x / y
 
 
-@lowering(aten.div.Tensor_mode, aten.div.Scalar_mode, promote="default")
-def div_mode(x, y, *, rounding_mode=None):
+@lowering(aten.div.Tensor_mode, aten.div.Scalar_mode, promote="default", ctx=True)
+def div_mode(ctx, x, y, *, rounding_mode=None):
+    """Integers divide exactly (C truncation or Python floor). CPU's trunc mode for half types
+    rounds the quotient to the half type *before* truncating (17.95 -> 18), so we do too."""
     if rounding_mode is None:
         return x / y
     if jnp.issubdtype(x.dtype, jnp.integer):
         if rounding_mode == "trunc":
-            return lax.div(x, y)  # C division truncates, like CPU PyTorch
+            return lax.div(*jnp.broadcast_arrays(x, y))
         return jnp.floor_divide(x, y)
     if rounding_mode == "trunc":
-        return jnp.trunc(x / y)
+        q = x / y
+        out = to_jax_dtype(ctx.out_dtype)
+        if out != q.dtype and out in _HALF:
+            q = q.astype(out).astype(q.dtype)
+        return jnp.trunc(q)
     return jnp.floor_divide(x, y)
 
 
@@ -206,14 +227,43 @@ def fmod(x, y):
     return jnp.fmod(x, y)
 
 
+def _int_pow(x, y):
+    """CPU's integer pow: wraps on overflow; a negative exponent gives 0 except for bases 1 and -1."""
+    if x.dtype == jnp.bool_:
+        return jnp.logical_or(x, jnp.logical_not(y))
+    x, y = jnp.broadcast_arrays(x, y)
+    pos = jnp.power(x, jnp.maximum(y, 0).astype(y.dtype))
+    if not jnp.issubdtype(y.dtype, jnp.signedinteger):
+        return pos
+    one = jnp.ones((), x.dtype)
+    odd = (y % 2) != 0
+    neg = jnp.where(x == 1, one, jnp.where(x == -1, jnp.where(odd, -one, one), jnp.zeros((), x.dtype)))
+    return jnp.where(y < 0, neg, pos)
+
+
 @lowering(aten.pow.Tensor_Tensor, promote="default")
 def pow_tt(x, y):
-    return jnp.power(x, y)
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        return jnp.power(x, y)
+    return _int_pow(x, y)
 
 
-@lowering(aten.pow.Tensor_Scalar, promote="default", static=("exponent",))
-def pow_ts(x, exponent):
-    """A static exponent lets XLA use repeated multiplication for integers, exactly like CPU."""
+@lowering(aten.pow.Scalar, promote="default")
+def pow_scalar(x, exponent):
+    if jnp.issubdtype(jnp.result_type(x), jnp.inexact):
+        return jnp.power(x, exponent)
+    return _int_pow(jnp.asarray(x), exponent)
+
+
+@lowering(aten.pow.Tensor_Scalar, promote="default", static=("exponent",), ctx=True)
+def pow_ts(ctx, x, exponent):
+    """A static exponent lets XLA use repeated multiplication for integers, exactly like CPU. The
+    exponent is static, so promotion never saw it: x is cast to the result's computation dtype
+    here (int ** 0.5 is float, bool ** 2 is int64)."""
+    out = to_jax_dtype(ctx.out_dtype)
+    x = x.astype(jnp.float32 if out in _HALF else out)
+    if x.dtype == jnp.bool_:
+        return x if exponent else jnp.ones_like(x)
     if isinstance(exponent, float) and exponent.is_integer() and abs(exponent) <= 64:
         exponent = int(exponent)
         if exponent < 0 and jnp.issubdtype(x.dtype, jnp.inexact):
@@ -222,11 +272,8 @@ def pow_ts(x, exponent):
         return lax.integer_pow(x, exponent)
     if exponent == 0.5:
         return jnp.sqrt(x)
-    return jnp.power(x, exponent)
-
-
-@lowering(aten.pow.Scalar, promote="default")
-def pow_scalar(x, exponent):
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        return _int_pow(x, jnp.asarray(exponent, x.dtype))
     return jnp.power(x, exponent)
 
 

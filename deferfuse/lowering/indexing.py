@@ -25,7 +25,7 @@ def index(x, indices):
 def index_put(x, indices, values, accumulate=False):
     v = values.astype(x.dtype)
     ref = x.at[_idx(indices)]
-    return ref.add(v) if accumulate else ref.set(v)
+    return _update(ref, "add", v) if accumulate else ref.set(v)
 
 
 @lowering(aten.index_select.default, family="index")
@@ -42,11 +42,34 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
 
 @lowering(aten.gather.default, family="index")
 def gather(x, dim, index, *, sparse_grad=False):
+    """An empty index may have any rank (PyTorch only checks ranks when there is work to do)."""
+    if index.size == 0:
+        return jnp.zeros(index.shape, x.dtype)
     if x.ndim == 0:
         return jnp.broadcast_to(x, index.shape)
     dim %= x.ndim
     xs = x[tuple(slice(0, n) if d != dim else slice(None) for d, n in enumerate(index.shape))]
     return jnp.take_along_axis(xs, index, axis=dim)
+
+
+def _update(ref, mode, v):
+    """Scatter `v` through `ref` (an `x.at[...]`); on bool, sum is OR and product is AND as on
+    CPU (XLA's scatter-add and scatter-multiply reject bool)."""
+    if v.dtype == jnp.bool_:
+        mode = {"add": "amax", "multiply": "amin"}.get(mode, mode)
+    return {"set": ref.set, "add": ref.add, "multiply": ref.multiply, "amax": ref.max, "amin": ref.min}[mode](v)
+
+
+def _identity(mode, dtype):
+    """The neutral element of a scatter reduction in `dtype` (lowest for amax, highest for amin)."""
+    if dtype == jnp.bool_:
+        return {"add": False, "multiply": True, "amax": False, "amin": True}[mode]
+    if mode in ("add", "multiply"):
+        return 0 if mode == "add" else 1
+    if jnp.issubdtype(dtype, jnp.floating):
+        return -jnp.inf if mode == "amax" else jnp.inf
+    info = jnp.iinfo(dtype)
+    return info.min if mode == "amax" else info.max
 
 
 def _coords(index, dim):
@@ -77,8 +100,7 @@ def _scatter(x, dim, index, src, mode):
         return x.reshape(()) if squeeze else x
     c = _coords(index, dim)
     v = jnp.asarray(_src_part(src, index)).astype(x.dtype)
-    ref = x.at[c]
-    out = {"set": ref.set, "add": ref.add, "multiply": ref.multiply, "amax": ref.max, "amin": ref.min}[mode](v)
+    out = _update(x.at[c], mode, v)
     return out.reshape(()) if squeeze else out
 
 
@@ -107,15 +129,8 @@ def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
     mode = {"sum": "add", "prod": "multiply", "amax": "amax", "amin": "amin", "mean": "add"}[reduce]
     base = x0
     if not include_self:
-        ident = {"add": 0, "multiply": 1}.get(mode)
-        if ident is None:
-            ident = jnp.finfo(x0.dtype).min if mode == "amax" else jnp.finfo(x0.dtype).max
-            if not jnp.issubdtype(x0.dtype, jnp.floating):
-                info = jnp.iinfo(x0.dtype)
-                ident = info.min if mode == "amax" else info.max
-        base = x0.at[c].set(jnp.asarray(ident, x0.dtype))
-    ref = base.at[c]
-    out = {"add": ref.add, "multiply": ref.multiply, "amax": ref.max, "amin": ref.min}[mode](v)
+        base = x0.at[c].set(jnp.asarray(_identity(mode, x0.dtype), x0.dtype))
+    out = _update(base.at[c], mode, v)
     if reduce == "mean":
         count = jnp.zeros(x0.shape, jnp.int64).at[c].add(1) + (1 if include_self else 0)
         count = jnp.maximum(count, 1)
@@ -130,7 +145,7 @@ def index_add(x, dim, index, source, *, alpha=1):
         return x + jnp.sum(source) * alpha
     dim %= x.ndim
     sel = (slice(None),) * dim + (index.reshape(-1),)
-    return x.at[sel].add((source * alpha).astype(x.dtype))
+    return _update(x.at[sel], "add", (source * alpha).astype(x.dtype))
 
 
 @lowering(aten.index_copy.default, family="index")

@@ -8,8 +8,12 @@ value at trace time; they are almost always 1.
 from __future__ import annotations
 
 import jax.numpy as jnp
+from jax import lax
 
+from ..dtypes import to_jax_dtype
 from .registry import aten, lowering
+
+_HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
 
 def _mm(a, b):
@@ -37,10 +41,20 @@ def dot(a, b):
 
 
 def _scaled(mat, self, beta, alpha):
+    if not jnp.issubdtype(mat.dtype, jnp.inexact):
+        beta, alpha = int(beta), int(alpha)  # CPU converts them to the integer dtype (0.6 -> 0)
     out = mat if alpha == 1 else mat * alpha
     if beta == 0:
         return out
     return out + (self if beta == 1 else self * beta)
+
+
+def _rounder(ctx):
+    """Rounds a float32 intermediate to the result's half type, where CPU's kernel stores one."""
+    out = to_jax_dtype(ctx.out_dtype)
+    if out in _HALF:
+        return lambda v: v.astype(out).astype(jnp.float32)
+    return lambda v: v
 
 
 @lowering(aten.addmm.default, family="matmul", promote="default", static=("beta", "alpha"))
@@ -58,14 +72,51 @@ def addmv(self, mat, vec, *, beta=1, alpha=1):
     return _scaled(_mm(mat, vec), self, beta, alpha)
 
 
-@lowering(aten.addbmm.default, family="matmul", promote="default", static=("beta", "alpha"))
-def addbmm(self, b1, b2, *, beta=1, alpha=1):
-    return _scaled(jnp.sum(_mm(b1, b2), axis=0), self, beta, alpha)
+@lowering(aten.addbmm.default, family="matmul", promote="default", static=("beta", "alpha"), ctx=True)
+def addbmm(ctx, self, b1, b2, *, beta=1, alpha=1):
+    """CPU runs one addmm_ per batch into the result, so a half-type result is rounded after each
+    batch's product is added; other dtypes sum the products at once."""
+    prods = _mm(b1, b2)
+    if to_jax_dtype(ctx.out_dtype) not in _HALF:
+        return _scaled(jnp.sum(prods, axis=0), self, beta, alpha)
+    rnd = _rounder(ctx)
+    init = jnp.zeros(ctx.out_shape, prods.dtype)
+    if beta != 0:
+        init = init + self * beta
+    if prods.shape[0] == 0:
+        return init
+
+    def add_batch(acc, p):
+        return rnd(acc + p * alpha), None
+
+    return lax.scan(add_batch, init, prods)[0]
 
 
-@lowering(aten.addr.default, family="matmul", promote="default", static=("beta", "alpha"))
-def addr(self, v1, v2, *, beta=1, alpha=1):
-    return _scaled(jnp.outer(v1, v2), self, beta, alpha)
+@lowering(aten.addr.default, family="matmul", promote="default", static=("beta", "alpha"), ctx=True)
+def addr(ctx, self, v1, v2, *, beta=1, alpha=1):
+    """CPU's kernel is elementwise beta*self + alpha*v1*v2 in the tensor's dtype: each product is
+    rounded for half types, alpha and beta are converted to it, and self is ignored when beta is 0."""
+    if self.dtype == jnp.bool_:
+        prod = jnp.logical_and(bool(alpha), jnp.outer(v1, v2))
+        return prod if not beta else jnp.logical_or(prod, self)
+    if not jnp.issubdtype(self.dtype, jnp.inexact):
+        beta, alpha = int(beta), int(alpha)
+    rnd = _rounder(ctx)
+    a = rnd(jnp.asarray(alpha, self.dtype))
+    prod = rnd(rnd(a * v1)[:, None] * v2[None, :])
+    if beta == 0:
+        return prod
+    return rnd(rnd(jnp.asarray(beta, self.dtype)) * self) + prod
+
+
+@lowering(aten.linalg_cross.default, family="elementwise", promote="default", ctx=True)
+def linalg_cross(ctx, a, b, *, dim=-1):
+    """CPU rounds each product to the tensor's dtype before subtracting (visible in bfloat16)."""
+    a, b = jnp.broadcast_arrays(a, b)
+    nxt, prv = jnp.array([1, 2, 0]), jnp.array([2, 0, 1])
+    rnd = _rounder(ctx)
+    return rnd(jnp.take(a, nxt, axis=dim) * jnp.take(b, prv, axis=dim)) - \
+        rnd(jnp.take(a, prv, axis=dim) * jnp.take(b, nxt, axis=dim))
 
 
 def _pairwise(x1, x2, p):

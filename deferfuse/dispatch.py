@@ -319,6 +319,15 @@ def route_view(func, args, kwargs):
     return unflatten_outputs(res, outs[1])
 
 
+def route_unsafe_view(func, args, kwargs):
+    """_unsafe_view aliases its input on CPU (it is a view autograd does not track), and composite
+    out= kernels rely on that: kron.out resizes `out`, takes an _unsafe_view of it and writes the
+    product into the view. A contiguous input is therefore viewed; anything else is reshaped."""
+    if args[0].is_contiguous():
+        return dispatch(aten.view.default, args, kwargs)
+    return route_lowered(func, args, kwargs)
+
+
 def _copying_view(func, args, kwargs):
     """A view that reinterprets the dtype (view_as_real, view(dtype), .real): computed as a copy.
     Reads are exact; a write into the result would not reach the base, so it raises instead."""
@@ -409,11 +418,11 @@ def _functional_variant(func):
                 func._overloadname == "default" and "default" in overloads else None
             if cand is not None and not cand._schema.is_mutable and \
                     [(a.name, str(a.type)) for a in cand._schema.arguments] == want:
-                return ("inplace", cand)
+                return ("inplace", cand, _defaults_to_fill(schema, cand._schema))
             for ov in overloads:
                 c = getattr(base, ov)
                 if not c._schema.is_mutable and [(a.name, str(a.type)) for a in c._schema.arguments] == want:
-                    return ("inplace", c)
+                    return ("inplace", c, _defaults_to_fill(schema, c._schema))
         return None
     outs = [a for a in mutable if a.kwarg_only]
     if len(outs) != len(mutable):
@@ -433,6 +442,21 @@ def _functional_variant(func):
     return None
 
 
+def _defaults_to_fill(inplace, functional) -> tuple:
+    """Positional defaults the in-place schema has and the functional one lacks (bernoulli_.float
+    has p=0.5, bernoulli.p requires p): they are passed explicitly when the caller omitted them."""
+    return tuple((i, a.name, a.default_value) for i, (a, b) in enumerate(zip(inplace.arguments, functional.arguments))
+                 if not a.kwarg_only and a.has_default_value() and not b.has_default_value())
+
+
+def _fill_defaults(fill, args, kwargs):
+    kwargs = dict(kwargs)
+    for i, name, default in fill:
+        if i >= len(args):
+            kwargs.setdefault(name, default)
+    return args, kwargs
+
+
 _FUNCTIONAL: dict = {}
 _FACTORY_KWARGS = {"dtype", "layout", "device", "pin_memory", "memory_format"}
 
@@ -441,6 +465,8 @@ def route_mutating(func, args, kwargs):
     kind = _FUNCTIONAL[func]
     _check_meta(func, args, kwargs)
     if kind[0] == "inplace":
+        if kind[2]:
+            args, kwargs = _fill_defaults(kind[2], args, kwargs)
         result = dispatch(kind[1], args, kwargs)
         target = args[0]
         if isinstance(target, (list, tuple)):
@@ -537,6 +563,8 @@ def _classify(func) -> Callable:
     sp = special.HANDLERS.get(func)
     if sp is not None:
         return sp
+    if func is aten._unsafe_view.default:
+        return route_unsafe_view
     if func in LOWERINGS:
         returns = func._schema.returns
         if returns and all(r.alias_info is not None and not r.alias_info.is_write for r in returns):

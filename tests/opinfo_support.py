@@ -79,18 +79,24 @@ def lookup_xfail(xfails: dict, op_name: str, variant: str, dtype: str, mode: str
     return None
 
 
-def to_tpu(x):
+def to_tpu(x, memo: dict | None = None):
+    """A tpu copy of x; with `memo`, a tensor shared by several samples gets one shared copy, so
+    samples that mutate it (batch_norm's running stats) see the same sequence of states as on CPU."""
     if isinstance(x, torch.Tensor):
         if x.layout != torch.strided:
             raise NotImplementedError("sparse sample")
+        if memo is not None and id(x) in memo:
+            return memo[id(x)][1]
         t = x.detach().to("tpu")
         if x.requires_grad:
             t.requires_grad_(True)
+        if memo is not None:
+            memo[id(x)] = (x, t)
         return t
     if isinstance(x, (list, tuple)):
-        return type(x)(to_tpu(y) for y in x)
+        return type(x)(to_tpu(y, memo) for y in x)
     if isinstance(x, dict):
-        return {k: to_tpu(v) for k, v in x.items()}
+        return {k: to_tpu(v, memo) for k, v in x.items()}
     if isinstance(x, torch.device) and x.type == "cpu":
         return torch.device("tpu")
     if isinstance(x, str) and x == "cpu":
@@ -205,11 +211,11 @@ def _expected(op, sample, variant):
 _CPU_ARGS = {"tensor_split": lambda s: s.args[0] if s.args and isinstance(s.args[0], torch.Tensor) else None}
 
 
-def _tpu_sample(sample, op=None):
+def _tpu_sample(sample, op=None, memo: dict | None = None):
     keep = _CPU_ARGS.get(op.name)(sample) if op is not None and op.name in _CPU_ARGS else None
     if keep is None:
-        return sample.transform(to_tpu)
-    moved = sample.transform(lambda t: t if t is keep else to_tpu(t))
+        return sample.transform(lambda t: to_tpu(t, memo))
+    moved = sample.transform(lambda t: t if t is keep else to_tpu(t, memo))
     return moved
 
 
@@ -244,12 +250,14 @@ def run_samples(op, sample_list, variant: str, mode: str) -> None:
         for i in range(0, len(sample_list), BATCH):
             run_samples(op, sample_list[i:i + BATCH], variant, mode)
         return
+    memo: dict = {}  # copies taken before CPU runs: samples may mutate (and share) their inputs
+    tpu_samples = [_tpu_sample(s, op, memo) for s in sample_list]
     expected = [_expected(op, s, variant) for s in sample_list]
     got = []
     with deferfuse.mode(mode):
-        for s in sample_list:
+        for s in tpu_samples:
             try:
-                got.append((_call(None, _tpu_sample(s, op), variant, op), None))
+                got.append((_call(None, s, variant, op), None))
             except Exception as e:  # noqa: BLE001
                 got.append((None, e))
         try:

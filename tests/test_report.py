@@ -47,10 +47,12 @@ def _env(extra: dict | None = None) -> dict:
 # Every CLI run the tests need, started together (two at a time: CI has 2 cores) the first time
 # any test asks for one: name -> (script, script args, report options, extra env).
 MLP = os.path.join(ROOT, "examples", "mlp_train.py")
+GPT = os.path.join(ROOT, "examples", "gpt_train.py")
 PLAN: dict[str, tuple] = {
     "causes": ("flush_causes.py", (), ("--html", "{dir}/causes.html"), {}),
     "compare": ("fallback.py", (), ("--compare", "strict"), {}),
     "mlp": (MLP, ("--steps", "12", "--width", "64"), (), {}),
+    "gpt": (GPT, ("--steps", "16", "--layers", "2", "--dim", "64", "--log-every", "4"), (), {}),
     "size_cap": ("size_cap.py", (), (), {"DEFERFUSE_MAX_PENDING": "8"}),
     "recompile": ("recompile.py", (), (), {}),
 }
@@ -103,7 +105,7 @@ def test_flush_cause_and_line(causes, cause):
     row = _source(causes, marker("flush_causes.py", cause))
     assert row["causes"] == {cause: 1}
     assert row["code"].endswith(f"# MARK:{cause}")
-    assert {"cause": cause, "count": 1} in causes["flushes"]["by_cause"] or cause == "item"
+    assert {"cause": cause, "count": 1, "host_waits": True} in causes["flushes"]["by_cause"] or cause == "item"
 
 
 def test_report_summary_and_schema(causes):
@@ -176,6 +178,23 @@ def test_mlp_example_steady_state(cli_runs):
     assert fu["fusion_ratio"] > 10 and fu["largest_programs"][0]["ops"] > 20
     assert rep["dag"] and len(rep["dag"]["nodes"]) == fu["largest_programs"][0]["ops"]
     assert len(text.render(rep).splitlines()) <= 50  # one screen
+
+
+def test_gpt_example_item_is_the_main_sync_point(cli_runs):
+    """The issue's check on the example: no recompiles after warm-up, and the line the host waits
+    at most is the loss.item() line (the per-iteration cuts of the repeated-op heuristic are
+    engine cuts the host does not wait for, and are reported as such)."""
+    rep = cli_runs("gpt")
+    rc = rep["recompiles"]
+    assert rc["after_warm_up"] == 0 and rc["warning"] is None
+    with open(GPT) as f:
+        item_line = next(i for i, line in enumerate(f, 1) if "loss.item()" in line)
+    main = rep["flushes"]["main_sync_point"]
+    assert main["where"] == f"{GPT}:{item_line}" and main["cause"] == "item"
+    assert main["count"] == 5  # steps 0, 4, 8, 12 and the last, 15
+    waits = {c["cause"]: c["host_waits"] for c in rep["flushes"]["by_cause"]}
+    assert waits["item"] and not waits.get("repeated_op_heuristic", False)
+    assert "the host waits most at" in rep["_stdout"]
 
 
 def test_compare_strict(cli_runs):
@@ -360,7 +379,7 @@ def test_build_not_collecting_keeps_counters():
                         collecting=False)
     assert rep["collecting"] is False and rep["note"]
     assert rep["fallbacks"]["by_op"] == [{"op": "aten.cummax.default", "count": 2}]
-    assert rep["flushes"]["by_cause"] == [{"cause": "item", "count": 10}]
+    assert rep["flushes"]["by_cause"] == [{"cause": "item", "count": 10, "host_waits": True}]
     assert rep["recompiles"] is None and rep["dag"] is None
     text.render(rep)
 

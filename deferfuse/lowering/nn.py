@@ -59,7 +59,8 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
 
 @lowering(aten.native_group_norm.default, family="norm")
 def native_group_norm(x, weight, bias, N, C, HxW, group, eps):
-    xf = _up(x).reshape(N, group, -1)
+    """The group size is spelled out: reshape's -1 cannot be inferred for an empty batch."""
+    xf = _up(x).reshape(N, group, (C // group) * HxW)
     mean = jnp.mean(xf, axis=-1)
     centered = xf - mean[..., None]
     var = jnp.mean(centered * centered, axis=-1)

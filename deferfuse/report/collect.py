@@ -232,11 +232,17 @@ def _time(m: dict, wall: float | None) -> dict[str, Any]:
     }
 
 
+# Flushes the engine takes on its own without waiting for the device: the host goes on recording
+# while the cut-off program runs. Every other cause is a point where the host waits for a value.
+ENGINE_CUTS = frozenset({"repeated_op_heuristic", "size_cap"})
+
+
 def _flushes(flushes: list[dict], m: dict, loc: _Locator) -> dict[str, Any]:
     by_cause_counts = Counter(m.get("flushes_by_cause", {}))
     if not by_cause_counts and flushes:
         by_cause_counts = Counter(f["cause"] for f in flushes)
-    by_cause = [{"cause": c, "count": k} for c, k in sorted(by_cause_counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+    by_cause = [{"cause": c, "count": k, "host_waits": c not in ENGINE_CUTS}
+                for c, k in sorted(by_cause_counts.items(), key=lambda kv: (-kv[1], kv[0]))]
     sites: dict[str, dict[str, Any]] = {}
     for f in flushes:
         lo = loc(f.get("where"))
@@ -259,8 +265,11 @@ def _flushes(flushes: list[dict], m: dict, loc: _Locator) -> dict[str, Any]:
     # counted but never seen as events: flushes before collection started (deferfuse.report()
     # called late) or taken by a path that emits no event
     unattributed = max(0, total - len(flushes))
+    # the line that makes the host wait most often: engine cuts do not count, the host runs on
+    main = next((dict(where=r["where"], count=r["count"], cause=next(iter(r["causes"])))
+                 for r in rows if any(c not in ENGINE_CUTS for c in r["causes"])), None)
     return {"total": total, "by_cause": by_cause, "by_source": rows, "by_source_omitted": omitted,
-            "unattributed": unattributed}
+            "unattributed": unattributed, "main_sync_point": main}
 
 
 def _recompiles(compiles: list[dict], flushes: list[dict], loc: _Locator) -> dict[str, Any]:

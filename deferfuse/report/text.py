@@ -113,7 +113,12 @@ def render(rep: dict[str, Any], top: int = 5, color: bool = False) -> str:
         split.append(("rest of script", t["other_seconds"]))
     lines.append(f"  time: wall {secs(t['wall_seconds'])} = " + " + ".join(f"{k} {secs(v)}" for k, v in split))
 
-    lines.append(f"{b}Flushes{r} by cause: " + (", ".join(f"{c['cause']} {c['count']}" for c in fl["by_cause"]) or "none"))
+    lines.append(f"{b}Flushes{r} by cause: " + (", ".join(
+        f"{c['cause']} {c['count']}" + ("" if c.get("host_waits", True) else " (engine cut, no wait)")
+        for c in fl["by_cause"]) or "none"))
+    if fl.get("main_sync_point"):
+        ms = fl["main_sync_point"]
+        lines.append(f"  the host waits most at {ms['where']} ({ms['cause']}, {ms['count']} flushes)")
     if fl["by_source"]:
         rows = [[_where(x), x["count"], x["compiles"], ",".join(x["causes"]), clip(x.get("code"), _CODE_WIDTH)]
                 for x in fl["by_source"][:top]]

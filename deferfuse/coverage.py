@@ -176,7 +176,7 @@ def main(argv=None) -> int:
         xfails: dict = {}
         for path in sorted(glob.glob(args.xfails)):
             with open(path) as f:
-                xfails.update({k: v for k, v in json.load(f).items() if not k.startswith("_")})
+                xfails.update({k: v for k, v in json.load(f).items() if not k.startswith("_comment")})
         with open(args.markdown, "w") as f:
             f.write(render(counts, core, xfails))
         print(f"wrote {args.markdown}")

@@ -36,6 +36,7 @@ class Metrics:
     execute_seconds: float = 0.0  # host time dispatching programs (device work is asynchronous)
     record_seconds: float = 0.0  # time inside deferfuse's dispatcher outside flushes (report on only)
     max_pending: int = 0
+    host_syncs: Counter = field(default_factory=Counter)  # cause -> reads to the host (flushing or not)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -59,6 +60,7 @@ class Metrics:
             "execute_seconds": self.execute_seconds,
             "record_seconds": self.record_seconds,
             "max_pending": self.max_pending,
+            "host_syncs_by_cause": dict(self.host_syncs),
         }
 
 

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from . import engine, sources, tensor
+from . import engine, events, sources, tensor
 from .config import CONFIG
 from .dtypes import to_jax_dtype
 from .events import METRICS
@@ -32,10 +32,16 @@ def _where():
 
 def to_host(t: TpuTensor, default_cause: str) -> torch.Tensor:
     cause = tensor.sync_cause() or default_cause
-    arr = engine.concrete(t, cause, _where())
+    where = _where()
+    arr = engine.concrete(t, cause, where)
     t0 = time.perf_counter()
     out = jax_to_host(arr, t.dtype)
-    METRICS.sync_wait_seconds += time.perf_counter() - t0
+    dt = time.perf_counter() - t0
+    METRICS.sync_wait_seconds += dt
+    # a read is a sync point even when an engine cut already computed the value (no flush here)
+    METRICS.host_syncs[cause] += 1
+    if events.collecting():
+        events.emit("sync", cause=cause, where=where, seconds=dt)
     return out
 
 

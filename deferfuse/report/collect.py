@@ -24,6 +24,7 @@ LIST_CAP = 100
 # state created by the first (optimizer moments, a cached mask). Compiles beyond that are the
 # ones to explain.
 WARM_UP_COMPILES_PER_SITE = 2
+WARM_UP_FLUSH_DIVISOR = 4
 # "recompiling every step": more than this many recompiles in the second half of the run's
 # flushes, and at least LATE_COMPILE_RATE of those flushes recompiling.
 LATE_COMPILES_WARN = 2
@@ -237,7 +238,7 @@ def _time(m: dict, wall: float | None) -> dict[str, Any]:
 ENGINE_CUTS = frozenset({"repeated_op_heuristic", "size_cap"})
 
 
-def _flushes(flushes: list[dict], m: dict, loc: _Locator) -> dict[str, Any]:
+def _flushes(flushes: list[dict], m: dict, loc: _Locator, syncs: list[dict] = ()) -> dict[str, Any]:
     by_cause_counts = Counter(m.get("flushes_by_cause", {}))
     if not by_cause_counts and flushes:
         by_cause_counts = Counter(f["cause"] for f in flushes)
@@ -265,23 +266,42 @@ def _flushes(flushes: list[dict], m: dict, loc: _Locator) -> dict[str, Any]:
     # counted but never seen as events: flushes before collection started (deferfuse.report()
     # called late) or taken by a path that emits no event
     unattributed = max(0, total - len(flushes))
-    # the line that makes the host wait most often: engine cuts do not count, the host runs on
-    main = next((dict(where=r["where"], count=r["count"], cause=next(iter(r["causes"])))
-                 for r in rows if any(c not in ENGINE_CUTS for c in r["causes"])), None)
     return {"total": total, "by_cause": by_cause, "by_source": rows, "by_source_omitted": omitted,
-            "unattributed": unattributed, "main_sync_point": main}
+            "unattributed": unattributed, "main_sync_point": _main_sync_point(syncs, loc)}
+
+
+def _main_sync_point(syncs: list[dict], loc: "_Locator") -> dict[str, Any] | None:
+    """The line where the host reads values back most often (.item(), .cpu(), print, ...). A read
+    is a sync point even when it flushes nothing because an engine cut already ran the program
+    that computed the value; engine cuts themselves never make the host wait."""
+    sites: dict[str, dict[str, Any]] = {}
+    for e in syncs:
+        lo = loc(e.get("where"))
+        s = sites.setdefault(lo["where"], {"where": lo["where"], "count": 0, "causes": Counter(), "seconds": 0.0})
+        s["count"] += 1
+        s["causes"][e["cause"]] += 1
+        s["seconds"] += e.get("seconds", 0.0)
+    if not sites:
+        return None
+    top = max(sites.values(), key=lambda s: (s["count"], s["seconds"]))
+    return {"where": top["where"], "count": top["count"], "cause": top["causes"].most_common(1)[0][0],
+            "wait_seconds": top["seconds"]}
 
 
 def _recompiles(compiles: list[dict], flushes: list[dict], loc: _Locator) -> dict[str, Any]:
     per_site: Counter = Counter()
     items = []
     after_warm_up = 0
+    # A run warms up for its first quarter of flushes: an engine-cut loop settles where its cuts
+    # land only after a few iterations (the GPT example compiles its last new program at flush 10
+    # of 53); a site that compiles a third time after that is recompiling.
+    warm_flushes = len(flushes) // WARM_UP_FLUSH_DIVISOR
     by_site: dict[tuple, dict[str, Any]] = {}
     for c in compiles:
         lo = loc(c.get("where"))
         site = lo["where"] if c.get("where") is not None else f"<{c.get('cause')}>"
         per_site[site] += 1
-        late = per_site[site] > WARM_UP_COMPILES_PER_SITE
+        late = per_site[site] > WARM_UP_COMPILES_PER_SITE and c["flush_index"] >= warm_flushes
         if not c.get("recompile"):
             continue
         after_warm_up += late
@@ -321,6 +341,7 @@ def _recompiles(compiles: list[dict], flushes: list[dict], loc: _Locator) -> dic
         "count": sum(g["count"] for g in by_site.values()),
         "after_warm_up": after_warm_up,
         "warm_up_compiles_per_site": WARM_UP_COMPILES_PER_SITE,
+        "warm_up_flushes": warm_flushes,
         "late_flushes": late_flushes,
         "late_compiles": late_compiles,
         "late_recompiles": late_recompiles,
@@ -521,7 +542,7 @@ def build(
         "script": script,
         "summary": _summary(metrics, rec["count"] if rec else None),
         "time": _time(metrics, wall_seconds),
-        "flushes": _flushes(flushes, metrics, loc),
+        "flushes": _flushes(flushes, metrics, loc, by_kind["sync"]),
         "recompiles": rec,
         "fusion": _fusion(compiles, flushes, metrics, loc),
         "fallbacks": _fallbacks(by_kind["fallback"], metrics, loc),

@@ -118,7 +118,7 @@ def render(rep: dict[str, Any], top: int = 5, color: bool = False) -> str:
         for c in fl["by_cause"]) or "none"))
     if fl.get("main_sync_point"):
         ms = fl["main_sync_point"]
-        lines.append(f"  the host waits most at {ms['where']} ({ms['cause']}, {ms['count']} flushes)")
+        lines.append(f"  the host waits most at {ms['where']} ({ms['cause']}, {ms['count']} reads)")
     if fl["by_source"]:
         rows = [[_where(x), x["count"], x["compiles"], ",".join(x["causes"]), clip(x.get("code"), _CODE_WIDTH)]
                 for x in fl["by_source"][:top]]

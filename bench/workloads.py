@@ -89,7 +89,7 @@ def _make_runner(engine: str, step_fn: Callable[[], object]) -> Runner:
         def step():
             return cap()
 
-        return Runner(step, _sync_for(engine, last))
+        return Runner(step, cap.block)  # deferfuse.sync() has nothing pending to wait for here
     ctx = _ctx(engine)
 
     def step():

@@ -44,6 +44,15 @@ _BITCAST_VIA = {
 }
 
 
+# The half-precision types lowerings compute in float32 (CPU's kernels accumulate them that way).
+HALF = (jnp.dtype(jnp.float16), jnp.dtype(ml_dtypes.bfloat16))
+
+
+def up_half(x):
+    """x in float32 if it is a half type, else unchanged."""
+    return x.astype(jnp.float32) if x.dtype in HALF else x
+
+
 def to_jax_dtype(dtype: torch.dtype) -> jnp.dtype:
     try:
         return TORCH_TO_JAX[dtype]

@@ -10,13 +10,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ..dtypes import up_half as _up
 from .registry import aten, lowering
-
-_HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
-
-
-def _up(x):
-    return x.astype(jnp.float32) if x.dtype in _HALF else x
 
 
 @lowering(aten._softmax.default, family="norm")

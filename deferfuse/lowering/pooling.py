@@ -1,12 +1,12 @@
 """Pooling: average, adaptive average, max and adaptive max, with their backward ops.
 
-Max pooling gathers each window's elements into a trailing axis (a handful of strided slices,
-or one gather per axis for adaptive windows), then picks one element per window exactly as CPU
-PyTorch's kernel scans it: the first maximum in row-major window order, except that a NaN wins
-and the last NaN is kept. Window positions that fall in the padding never win. The indices are
-flat offsets into each input plane, as PyTorch returns them, and are computed from static NumPy
-tables, so nothing data-dependent reaches the program shape. The backward ops scatter-add the
-gradient at those indices (in float32 for half types).
+Max pooling picks one element per window exactly as CPU PyTorch's kernel scans it: the first
+maximum in row-major window order, except that a NaN wins and the last NaN is kept; positions in
+the padding never win. Fixed windows are one variadic reduce_window over (value, flat offset)
+pairs; adaptive windows gather each window into a trailing axis from static NumPy tables, so
+nothing data-dependent reaches the program shape. The indices are flat offsets into each input
+plane, as PyTorch returns them. The backward ops scatter-add the gradient at those indices (in
+float32 for half types).
 """
 from __future__ import annotations
 
@@ -18,17 +18,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ..dtypes import up_half as _up
 from .registry import aten, lowering
-
-_HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
-
-
-def _up(x):
-    return x.astype(jnp.float32) if x.dtype in _HALF else x
 
 
 # --- average pooling ---------------------------------------------------------------------------------
-
 
 
 def _pool_geometry(n, k, s, p, ceil_mode):
@@ -125,7 +119,6 @@ def adaptive_avg_pool2d_backward(grad, x):
 @lowering(aten._adaptive_avg_pool3d_backward.default, family="conv")
 def adaptive_avg_pool3d_backward(grad, x):
     return _adaptive_avg_backward(grad, x, 3)
-
 
 
 # --- max pooling ---------------------------------------------------------------------------------------

@@ -7,10 +7,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ..dtypes import to_jax_dtype
+from ..dtypes import to_jax_dtype, HALF as _HALF
 from .registry import aten, lowering
-
-_HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
 
 def _draw_dtype(ctx):

@@ -17,16 +17,12 @@ The full profile runs every variant of every entry in every mode (all samples in
 two in Strict and Debug, one in Strict for the other dtypes) and three backward samples.
 
 Expected failures live in tests/opinfo_xfail*.json (op|variant|dtype|mode -> reason; * matches
-any); an entry there that starts passing fails the run, so the list can only shrink. A reason that
-starts with "crash:" marks a sample that kills the process inside XLA's compiler: it runs in a
-child process, so the crash is observed (and its fix noticed) without taking the run down.
+any); an entry there that starts passing fails the run, so the list can only shrink.
 """
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import zlib
 
 import pytest
@@ -98,22 +94,7 @@ def _backward_body(op) -> None:
         S.run_backward(op, sample, "defer_and_fuse")
 
 
-def _in_child(args: list[str], key: str, reason: str) -> None:
-    """Run one case in a child process: a crash there is the expected failure, not ours."""
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), *args], capture_output=True, text=True,
-                          timeout=600)
-    if proc.returncode < 0 or proc.returncode >= 128:
-        RESULTS[key] = "xfail"
-        pytest.xfail(reason)
-    RESULTS[key] = "pass" if proc.returncode == 0 else "fail"
-    if proc.returncode == 0:
-        pytest.fail(f"{key} passes now: remove it from tests/opinfo_xfail*.json (it said: {reason})")
-    pytest.fail(f"{key} no longer crashes but fails; give it its real reason:\n{proc.stdout[-2000:]}")
-
-
-def _run_expecting(key: str, reason: str | None, body, child_args: list[str]) -> None:
-    if reason and reason.startswith("crash:"):
-        _in_child(child_args, key, reason)
+def _run_expecting(key: str, reason: str | None, body) -> None:
     try:
         with S.quiet():
             body()
@@ -132,8 +113,7 @@ def test_forward(op, variant, dtype, mode):
     name = S.full_name(op)
     key = S.xfail_key(name, variant, dtype, mode)
     reason = S.lookup_xfail(XFAILS, name, variant, dtype, mode)
-    _run_expecting(key, reason, lambda: _forward_body(op, variant, dtype, mode),
-                   ["forward", name, variant, dtype, mode])
+    _run_expecting(key, reason, lambda: _forward_body(op, variant, dtype, mode))
 
 
 @pytest.mark.parametrize("op", BACKWARD)
@@ -141,7 +121,7 @@ def test_backward(op):
     name = S.full_name(op)
     key = S.xfail_key(name, "backward", "float32", "defer_and_fuse")
     reason = S.lookup_xfail(XFAILS, name, "backward", "float32", "defer_and_fuse")
-    _run_expecting(key, reason, lambda: _backward_body(op), ["backward", name])
+    _run_expecting(key, reason, lambda: _backward_body(op))
 
 
 def test_xfail_entries_name_real_ops():
@@ -159,13 +139,3 @@ def _write_results():
         with open(f"{path}.{worker}.json", "w") as f:
             json.dump(RESULTS, f, indent=0, sort_keys=True)
 
-
-if __name__ == "__main__":  # one case, for _in_child: exit 0 pass, 1 fail, killed by a signal on a crash
-    kind, name, *rest = sys.argv[1:]
-    (target,) = [op for op in S.op_db if S.full_name(op) == name]
-    try:
-        with S.quiet():
-            _forward_body(target, *rest) if kind == "forward" else _backward_body(target)
-    except Exception as e:  # noqa: BLE001
-        print(f"{type(e).__name__}: {e}")
-        sys.exit(1)

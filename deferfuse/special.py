@@ -153,9 +153,11 @@ def assign(dst: TpuTensor, src: TpuTensor) -> None:
     engine.write(dst, ref, g)
 
 
-def assign_out(out: TpuTensor, result: TpuTensor) -> None:
-    """Write a functional result into an out= tensor, resizing it like PyTorch does."""
-    rsize = tuple(result.shape)
+def assign_out(out: TpuTensor, result: TpuTensor | None, rsize: tuple | None = None) -> None:
+    """Write a functional result into an out= tensor, resizing it like PyTorch does (result None:
+    only resize to `rsize`)."""
+    if rsize is None:
+        rsize = tuple(result.shape)
     if tuple(out.shape) != rsize:
         if out.numel() != 0:
             import warnings
@@ -171,7 +173,8 @@ def assign_out(out: TpuTensor, result: TpuTensor) -> None:
                 line,
             )
         resize(out, rsize)
-    assign(out, result)
+    if result is not None:
+        assign(out, result)
 
 
 def route_copy_(func, args, kwargs):
@@ -252,6 +255,14 @@ def route_resize_(func, args, kwargs):
     t, size = args[0], tuple(args[1])
     if size != tuple(t.shape):
         resize(t, size)
+    return t
+
+
+def route_resize_output_(func, args, kwargs):
+    """at::native::resize_output as an op: out= kernels written in Python call it before writing."""
+    t, size = args[0], tuple(args[1])
+    if size != tuple(t.shape):
+        assign_out(t, None, size)
     return t
 
 
@@ -396,6 +407,7 @@ HANDLERS = {
     aten.new_empty.default: route_uninitialised,
     aten.new_empty_strided.default: route_uninitialised,
     aten.resize_.default: route_resize_,
+    aten._resize_output_.default: route_resize_output_,
     aten.lift_fresh.default: route_lift_fresh,
     aten.set_.source_Tensor: route_set_source_tensor,
     aten.equal.default: route_equal,

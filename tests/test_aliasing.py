@@ -164,6 +164,22 @@ def case_out_variant(d):
     return out, window, resized
 
 
+def case_composite_out_written_below_dispatcher(d):
+    # linalg.matrix_rank's out= kernel stores its result with a C++ assignment no dispatch key
+    # sees; deferfuse registers its own out= kernel (lowering/composite_out.py)
+    torch.manual_seed(0)
+    a = torch.randn(3, 4, 5)
+    a[1, 3] = a[1, 0] + a[1, 1]  # rank 3
+    a = a.to(d)
+    plain = torch.full((3,), -1, dtype=torch.int64).to(d)
+    torch.linalg.matrix_rank(a, out=plain)
+    resized = torch.empty(0, dtype=torch.int64).to(d)
+    torch.linalg.matrix_rank(a, atol=0.5, rtol=0.0, out=resized)
+    window = torch.full((6,), -1.0).to(d)
+    torch.linalg.matrix_rank(a, torch.tensor(1e-3).to(d), out=window[::2])
+    return plain, resized, window
+
+
 CASES = [v for k, v in sorted(globals().items()) if k.startswith("case_")]
 
 

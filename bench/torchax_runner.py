@@ -16,12 +16,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 def main() -> None:
     name, warm, steps, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    from workloads import WORKLOADS
+    from workloads import WORKLOADS, _ctx
 
     out = {"engine": "torchax", "workload": name}
     try:
         t0 = time.perf_counter()
-        runner = WORKLOADS[name]("torchax")
+        with _ctx("torchax"):  # torchax moves tensors to "jax" only inside its environment
+            runner = WORKLOADS[name]("torchax")
         runner.step()
         runner.sync()
         out["first_ms"] = (time.perf_counter() - t0) * 1e3

@@ -40,13 +40,17 @@ def _ctx(engine: str):
         import deferfuse
 
         return deferfuse.mode(engine)
-    if engine == "torchax":
+    if engine in ("torchax", "torchax_aten"):
         if not _TORCHAX_ENV:
             from torchax_shim import import_torchax
 
             torchax, _ = import_torchax()
             _TORCHAX_ENV.append(torchax.default_env())
-        return _TORCHAX_ENV[0]
+        env = _TORCHAX_ENV[0]
+        # Steps run under torchax's ATen-level dispatch mode alone. Its torch-function mode
+        # maps F.linear and friends straight to JAX, which bypasses PyTorch autograd (the
+        # loss then has no grad_fn), so a torch training loop cannot run with it on.
+        return env._dispatch_mode if engine == "torchax_aten" else env
     return contextlib.nullcontext()
 
 
@@ -90,7 +94,7 @@ def _make_runner(engine: str, step_fn: Callable[[], object]) -> Runner:
             return cap()
 
         return Runner(step, cap.block)  # deferfuse.sync() has nothing pending to wait for here
-    ctx = _ctx(engine)
+    ctx = _ctx("torchax_aten" if engine == "torchax" else engine)
 
     def step():
         with ctx:

@@ -178,11 +178,13 @@ def compile_scaling() -> dict:
         "print('COMPILE', deferfuse.metrics()['compile_seconds'], deferfuse.metrics()['cache_misses'])\n"
     )
     out = {}
-    for layers in (2, 12):
-        p = subprocess.run([sys.executable, "-c", code % (HERE, layers)], capture_output=True, text=True, timeout=3600)
-        line = next((ln for ln in p.stdout.splitlines() if ln.startswith("COMPILE")), None)
-        out[layers] = {"seconds": float(line.split()[1]), "programs": int(line.split()[2])} if line else {
-            "error": p.stderr[-300:]}
+    for cuts, env in (("default", {}), ("block cuts", {"DEFERFUSE_BLOCK_PERIOD_OPS": "8"})):
+        for layers in (2, 12):
+            p = subprocess.run([sys.executable, "-c", code % (HERE, layers)], capture_output=True, text=True,
+                               timeout=3600, env={**os.environ, **env})
+            line = next((ln for ln in p.stdout.splitlines() if ln.startswith("COMPILE")), None)
+            out[f"{layers}|{cuts}"] = {"seconds": float(line.split()[1]), "programs": int(line.split()[2])} if line else {
+                "error": p.stderr[-300:]}
     return out
 
 
@@ -231,9 +233,10 @@ def render(results: dict, engines) -> str:
     scaling = results.get("compile_scaling")
     if scaling:
         lines += ["", "## Compile time vs depth (GPT first step, DeferAndFuse, fresh process each)", "",
-                  "| layers | compile s | programs |", "|---:|---:|---:|"]
-        for layers, r in scaling.items():
-            lines.append(f"| {layers} | {r.get('seconds', float('nan')):.1f} | {r.get('programs', '-')} |")
+                  "| layers | cuts | compile s | programs |", "|---:|---|---:|---:|"]
+        for key, r in scaling.items():
+            layers, cuts = str(key).split("|") if "|" in str(key) else (key, "default")
+            lines.append(f"| {layers} | {cuts} | {r.get('seconds', float('nan')):.1f} | {r.get('programs', '-')} |")
     errors = [(n, e, r["error"]) for n, res in results["workloads"].items() for e, r in res.items() if r.get("error")]
     if errors:
         lines += ["", "## Engines that could not run a workload", ""]

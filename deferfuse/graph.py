@@ -73,7 +73,7 @@ class PeriodDetector:
     multiple of P from where the repetition started, so each iteration is cut in the same place.
     """
 
-    __slots__ = ("lookback", "hist", "n", "last", "runs")
+    __slots__ = ("lookback", "hist", "n", "last", "runs", "largest")
 
     def __init__(self, lookback: int):
         self.lookback = lookback
@@ -84,14 +84,20 @@ class PeriodDetector:
         self.n = 0
         self.last: dict[int, int] = {}
         self.runs: dict[int, int] = {}
+        self.largest = 0
 
     def push(self, h: int) -> int:
-        """Record op hash h; return the smallest established period whose boundary this is, or 0."""
+        """Record op hash h; return the smallest established period whose boundary this is, or 0.
+
+        `largest` is then the largest such period: a repeated block's boundary often coincides
+        with that of a short run inside it (two equal ops in a row), and the block must still
+        be seen."""
         n = self.n
         hist = self.hist
         hist.append(h)
         runs = self.runs
         best = 0
+        largest = 0
         if runs:
             dead = None
             for p, r in runs.items():
@@ -100,8 +106,11 @@ class PeriodDetector:
                     runs[p] = r
                     # r ops matched the op p earlier, so the last r + p ops repeat with period
                     # p; a boundary is where a whole number of periods passed since it began
-                    if r >= p and r % p == 0 and (not best or p < best):
-                        best = p
+                    if r >= p and r % p == 0:
+                        if not best or p < best:
+                            best = p
+                        if p > largest:
+                            largest = p
                 elif dead is None:
                     dead = [p]
                 else:
@@ -115,10 +124,14 @@ class PeriodDetector:
             p = n - prev
             if p not in runs and p <= self.lookback // 2:
                 runs[p] = 1
-                if p == 1 and not best:
-                    best = 1
+                if p == 1:
+                    if not best:
+                        best = 1
+                    if not largest:
+                        largest = 1
         last[h] = n
         self.n = n + 1
+        self.largest = largest
         if n >= 2 * self.lookback:
             drop = n + 1 - self.lookback
             del hist[:drop]

@@ -154,3 +154,32 @@ def test_flush_takes_all_live_pending_tensors():
         m = deferfuse.metrics()
         assert m["pending_nodes"] == 0
         assert b._st.value is not None  # b was computed by the same flush
+
+
+def _blocks(x, ws):
+    for w in ws:  # one block: 8 recorded ops, a period long enough to be cut at every repetition
+        h = torch.tanh(x @ w)
+        h = h * 0.5 + x
+        h = torch.sigmoid(h) - 0.25
+        x = x + h.relu()
+    return x.sum()
+
+
+def test_repeated_blocks_compile_once_whatever_the_depth(monkeypatch):
+    """With block cuts on, a deeper stack of identical blocks compiles no more programs than a
+    shallow one: the heuristic cuts at each block boundary, and every block after the first few
+    is a cache hit."""
+    monkeypatch.setattr(CONFIG, "block_period_ops", 8)
+    misses = {}
+    for depth, width in ((4, 5), (16, 6)):  # a fresh width per depth: nothing cached in advance
+        torch.manual_seed(depth)
+        ws = [torch.randn(width, width) * 0.3 for _ in range(depth)]
+        x = torch.randn(3, width)
+        m0 = deferfuse.metrics()["cache_misses"]
+        with deferfuse.mode():
+            got = _blocks(x.to("tpu"), [w.to("tpu") for w in ws])
+            got = got.cpu()
+        misses[depth] = deferfuse.metrics()["cache_misses"] - m0
+        torch.testing.assert_close(got, _blocks(x, ws))
+    assert misses[16] <= misses[4], misses
+    assert deferfuse.metrics()["flushes_by_cause"].get("repeated_op_heuristic", 0) >= 10

@@ -7,6 +7,8 @@ pending graph in code that never syncs:
 - the repeated-op heuristic: when the recent op stream repeats with period P, cut at period
   boundaries (once at least `period_min_ops` ops are pending), so every loop iteration reuses
   one cached program and the cut lands in the same place each time;
+- optional block cuts (`DEFERFUSE_BLOCK_PERIOD_OPS`): also cut at every boundary of a long
+  period (a repeated layer), so a deeper model reuses one program per layer;
 - the size cap: `max_pending` nodes, for straight-line code with no repetition at all.
 """
 from __future__ import annotations
@@ -31,7 +33,11 @@ class DeferredExecutor(Executor):
         if not added:
             return
         stream.pushed = n
-        if stream.period.push(hash((func._df.fid, added))) and n >= CONFIG.period_min_ops:
+        period = stream.period
+        if period.push(hash((func._df.fid, added))) and (
+            n >= CONFIG.period_min_ops
+            or (CONFIG.block_period_ops and period.largest >= CONFIG.block_period_ops and n >= CONFIG.block_min_ops)
+        ):
             engine.flush("repeated_op_heuristic", stream.where)
         elif n >= CONFIG.max_pending:
             engine.flush("size_cap", stream.where)

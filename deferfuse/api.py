@@ -10,7 +10,7 @@ def sync(cause: str = "sync", depth: int = 2) -> None:
     """Run everything pending now and wait for it (`deferfuse.sync()`, `torch.tpu.synchronize()`)."""
     where = sources.user_frame(depth)
     done = engine.flush(cause, where)
-    engine.block(done)
+    engine.block(done, everything=True)
 
 
 def metrics() -> dict[str, Any]:

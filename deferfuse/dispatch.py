@@ -255,6 +255,7 @@ def _run_now(r: Recipe, op, tensors, scalars):
     if plan is None:
         return None
     values = plan.single(arrays, scalars)
+    engine.track_inflight(values)
     m = _METRICS
     m.ops_recorded += 1
     m.cache_hits += 1

@@ -200,6 +200,7 @@ def flush(cause: str, where=None) -> list:
             raise AssertionError("unreachable")
         for s in live:
             s.value = results[refs[s.ref]]
+        track_inflight(results)
         if g.sources is not None:
             STREAM.captured = (g, out_refs, [(s, refs[s.ref]) for s in live], plan)
         n = len(g.nodes)
@@ -261,12 +262,37 @@ def _recover(g: Graph, live: list, exc: Exception, cause: str, where) -> None:
     raise error
 
 
-def block(storages) -> None:
+# Weak references to the outputs of programs dispatched since the last full sync. JAX runs
+# them asynchronously; `deferfuse.sync()` (torch.tpu.synchronize) must wait for all of them, as
+# torch.cuda.synchronize waits for the whole stream, not only for what its own flush produced.
+_INFLIGHT: list = []
+_weak = weakref.ref
+
+
+def track_inflight(arrays) -> None:
+    inflight = _INFLIGHT
+    for a in arrays:
+        try:
+            inflight.append(_weak(a))
+        except TypeError:  # not an array (a host value): nothing to wait for
+            pass
+    if len(inflight) > 8192:
+        inflight[:] = [w for w in inflight if w() is not None]
+
+
+def block(storages, everything: bool = False) -> None:
+    """Wait for these storages' values; with `everything`, for all dispatched programs too."""
     t0 = time.perf_counter()
     for s in storages:
         v = s.value
         if isinstance(v, jax.Array):
             v.block_until_ready()
+    if everything:
+        pending, _INFLIGHT[:] = list(_INFLIGHT), []
+        for w in pending:
+            a = w()
+            if a is not None:
+                a.block_until_ready()
     METRICS.sync_wait_seconds += time.perf_counter() - t0
 
 

@@ -164,3 +164,17 @@ def test_set_default_mode_and_env_names():
     assert deferfuse.get_default_mode() == deferfuse.EagerMode.STRICT
     with pytest.raises(ValueError):
         deferfuse.mode("fast")
+
+
+def test_sync_waits_for_programs_already_dispatched():
+    """Leaving the block dispatches the last program asynchronously; deferfuse.sync() (like
+    torch.cuda.synchronize) must still wait for it even though nothing is pending any more."""
+    x = torch.randn(512, 512, device="tpu")
+    with deferfuse.mode():
+        y = x
+        for _ in range(12):
+            y = torch.tanh(y @ x)
+    # the mode_exit flush ran the program asynchronously; nothing is pending now
+    assert deferfuse.metrics()["pending_nodes"] == 0
+    deferfuse.sync()
+    assert y._st.value.is_ready()

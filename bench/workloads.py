@@ -93,7 +93,7 @@ def _make_runner(engine: str, step_fn: Callable[[], object]) -> Runner:
         def step():
             return cap()
 
-        return Runner(step, cap.block)  # deferfuse.sync() has nothing pending to wait for here
+        return Runner(step, _sync_for(engine, last))
     ctx = _ctx("torchax_aten" if engine == "torchax" else engine)
 
     def step():

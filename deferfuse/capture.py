@@ -58,14 +58,8 @@ class Captured:
         values = self._plan.single(inputs, self._scalars)
         for st, idx in self._outputs:
             st.value = values[idx]
-        self._last = values
+        engine.track_inflight(values)  # deferfuse.sync() waits for replays like any program
         return self.result
-
-    def block(self) -> None:
-        """Wait for the last replay's outputs (JAX dispatch is asynchronous)."""
-        import jax
-
-        jax.block_until_ready(getattr(self, "_last", None))
 
 
 def capture(step: Callable[..., Any], *args: Any) -> Captured:

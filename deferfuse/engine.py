@@ -266,6 +266,7 @@ def _recover(g: Graph, live: list, exc: Exception, cause: str, where) -> None:
 # them asynchronously; `deferfuse.sync()` (torch.tpu.synchronize) must wait for all of them, as
 # torch.cuda.synchronize waits for the whole stream, not only for what its own flush produced.
 _INFLIGHT: list = []
+_PRUNE_AT = [8192]  # dead references are dropped when the list reaches this; it doubles past live ones
 _weak = weakref.ref
 
 
@@ -276,8 +277,9 @@ def track_inflight(arrays) -> None:
             inflight.append(_weak(a))
         except TypeError:  # not an array (a host value): nothing to wait for
             pass
-    if len(inflight) > 8192:
+    if len(inflight) >= _PRUNE_AT[0]:
         inflight[:] = [w for w in inflight if w() is not None]
+        _PRUNE_AT[0] = max(8192, 2 * len(inflight))
 
 
 def block(storages, everything: bool = False) -> None:

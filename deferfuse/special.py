@@ -153,11 +153,14 @@ def assign(dst: TpuTensor, src: TpuTensor) -> None:
     engine.write(dst, ref, g)
 
 
-def assign_out(out: TpuTensor, result: TpuTensor | None, rsize: tuple | None = None) -> None:
-    """Write a functional result into an out= tensor, resizing it like PyTorch does (result None:
-    only resize to `rsize`)."""
-    if rsize is None:
-        rsize = tuple(result.shape)
+def assign_out(out: TpuTensor, result: TpuTensor) -> None:
+    """Write a functional result into an out= tensor, resizing it like PyTorch does."""
+    resize_output(out, tuple(result.shape))
+    assign(out, result)
+
+
+def resize_output(out: TpuTensor, rsize: tuple) -> None:
+    """at::native::resize_output: resize an out= tensor, warning (as CPU does) unless it was empty."""
     if tuple(out.shape) != rsize:
         if out.numel() != 0:
             import warnings
@@ -173,8 +176,6 @@ def assign_out(out: TpuTensor, result: TpuTensor | None, rsize: tuple | None = N
                 line,
             )
         resize(out, rsize)
-    if result is not None:
-        assign(out, result)
 
 
 def route_copy_(func, args, kwargs):
@@ -260,10 +261,8 @@ def route_resize_(func, args, kwargs):
 
 def route_resize_output_(func, args, kwargs):
     """at::native::resize_output as an op: out= kernels written in Python call it before writing."""
-    t, size = args[0], tuple(args[1])
-    if size != tuple(t.shape):
-        assign_out(t, None, size)
-    return t
+    resize_output(args[0], tuple(args[1]))
+    return args[0]
 
 
 def route_lift_fresh(func, args, kwargs):

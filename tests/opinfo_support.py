@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import json
 import os
 import warnings
 from dataclasses import dataclass
@@ -52,19 +51,10 @@ def is_random(op, sample=None) -> bool:
 def load_xfails(full: bool = False) -> dict[str, str]:
     """All tests/opinfo_xfail*.json files (one per op family keeps edits from colliding);
     opinfo_xfail_full*.json only for the full profile, whose extra samples reach more failures."""
-    out: dict[str, str] = {}
-    for path in sorted(glob.glob(os.path.join(HERE, "opinfo_xfail*.json"))):
-        if os.path.basename(path).startswith("opinfo_xfail_full") and not full:
-            continue
-        with open(path) as f:
-            data = json.load(f)
-        for k, v in data.items():
-            if k.startswith("_comment"):  # keys may start with _ (_native_batch_norm_legit)
-                continue
-            if k in out:
-                raise ValueError(f"{k} is listed twice (in {path} and another xfail file)")
-            out[k] = v
-    return out
+    from deferfuse.coverage import load_xfails as load
+
+    paths = sorted(glob.glob(os.path.join(HERE, "opinfo_xfail*.json")))
+    return load([p for p in paths if full or not os.path.basename(p).startswith("opinfo_xfail_full")])
 
 
 def xfail_key(op_name: str, variant: str, dtype: str, mode: str) -> str:

@@ -178,7 +178,9 @@ def compile_scaling() -> dict:
         "print('COMPILE', deferfuse.metrics()['compile_seconds'], deferfuse.metrics()['cache_misses'])\n"
     )
     out = {}
-    for cuts, env in (("default", {}), ("block cuts", {"DEFERFUSE_BLOCK_PERIOD_OPS": "8"})):
+    # default: the fuser gives each repeated layer its own program, shared by all of them;
+    # "fused whole": DEFERFUSE_FUSE_BLOCK_OPS=0, every flush one program (what compile time was)
+    for cuts, env in (("default", {}), ("fused whole", {"DEFERFUSE_FUSE_BLOCK_OPS": "0"})):
         for layers in (2, 12):
             p = subprocess.run([sys.executable, "-c", code % (HERE, layers)], capture_output=True, text=True,
                                timeout=3600, env={**os.environ, **env})

@@ -125,6 +125,7 @@ def configure_persistent_cache() -> None:
 
 def clear() -> None:
     _PLANS.clear()
+    _GROUP_PROGRAMS.clear()
     _LAST_AT_SITE.clear()
 
 
@@ -166,11 +167,13 @@ def execute(g: Graph, out_refs: tuple, cause: str, where) -> tuple[list, Plan, b
     return results, plan, hit
 
 
-def _build(g: Graph, out_refs: tuple, key: Key) -> Plan:
+def _build(g: Graph, out_refs: tuple, key: Key, block_ops: int | None = None) -> Plan:
     plan = Plan(key._h)
     nodes = g.nodes
     hosts = [n.op.host for n in nodes]
-    groups = fuser.partition(g.sig, hosts, out_refs, CONFIG.max_group_ops, CONFIG.fusion_fuel)
+    groups = fuser.partition(g.sig, hosts, out_refs, CONFIG.max_group_ops, CONFIG.fusion_fuel,
+                              CONFIG.fuse_block_ops if block_ops is None else block_ops, CONFIG.fuse_block_repeats,
+                              [n.op.family == "foreach" for n in nodes])
     live = set()
     for grp in groups:
         live.update(grp.nodes)
@@ -189,8 +192,8 @@ def _build(g: Graph, out_refs: tuple, key: Key) -> Plan:
     n_inputs = len(g.inputs)
     if len(groups) == 1 and not groups[0].host:
         grp = groups[0]
-        fn = program.build(nodes, grp.nodes, [-(i + 1) for i in range(n_inputs)], list(out_refs))
-        plan.single = jax.jit(fn)
+        grp.in_refs = [-(i + 1) for i in range(n_inputs)]
+        plan.single = _single_program(g, grp, out_refs)
         plan.steps.append(Step(grp, plan.single, None, [nodes[i].op.name for i in grp.nodes]))
         return plan
     for grp in groups:
@@ -201,9 +204,69 @@ def _build(g: Graph, out_refs: tuple, key: Key) -> Plan:
         for i in grp.nodes:
             n = nodes[i]
             scalar_ids.extend(range(n.scalar_lo, n.scalar_lo + n.op.n_scalars))
-        fn = program.build(nodes, grp.nodes, grp.in_refs, grp.out_refs, scalar_ids)
-        plan.steps.append(Step(grp, jax.jit(fn), scalar_ids, [nodes[i].op.name for i in grp.nodes]))
+        plan.steps.append(Step(grp, _group_program(g, grp, scalar_ids), scalar_ids, [nodes[i].op.name for i in grp.nodes]))
     return plan
+
+
+# Programs of multi-group plans by their structure alone: the twelve layers of a model, cut
+# apart by the fuser, are twelve groups with one key and share one jitted (compiled) program,
+# across flushes and plans too.
+_GROUP_PROGRAMS: dict[tuple, Any] = {}
+
+
+def _group_program(g: Graph, grp, scalar_ids) -> Any:
+    key = group_key(g, grp)
+    fn = _GROUP_PROGRAMS.get(key)
+    if fn is None:
+        fn = _GROUP_PROGRAMS[key] = jax.jit(program.build(g.nodes, grp.nodes, grp.in_refs, grp.out_refs, scalar_ids))
+        METRICS.programs_built += 1
+    return fn
+
+
+def _single_program(g: Graph, grp, out_refs: tuple):
+    """fn(inputs, all graph scalars) -> values of out_refs, for a one-group flush; the program
+    itself is the group program, so a layer flushed alone shares the one compiled for the same
+    layer as a group of a larger flush."""
+    order = sorted(range(len(out_refs)), key=out_refs.__getitem__)
+    grp.out_refs = [out_refs[k] for k in order]
+    ids = [i for n in (g.nodes[i] for i in grp.nodes) for i in range(n.scalar_lo, n.scalar_lo + n.op.n_scalars)]
+    fn = _group_program(g, grp, ids)
+    if order == list(range(len(order))) and ids == list(range(len(g.scalars))):
+        return fn
+    back = [0] * len(order)
+    for pos, k in enumerate(order):
+        back[k] = pos
+
+    def single(inputs, scalars):
+        outs = fn(inputs, [scalars[i] for i in ids])
+        return [outs[k] for k in back]
+
+    return single
+
+
+def group_key(g: Graph, grp) -> tuple:
+    """A group's nodes, operands and outputs relative to the group, and its inputs' avals.
+
+    Two groups with equal keys trace to the same program: inputs arrive by position, scalars in
+    node order, outputs in the order of `out_refs` (ascending refs, so also in node order)."""
+    nodes = g.nodes
+    mask = (1 << OUT_BITS) - 1
+    pos = {r: -(k + 1) for k, r in enumerate(grp.in_refs)}
+    local: dict[int, int] = {}
+    sig = []
+    for k, i in enumerate(grp.nodes):
+        node = nodes[i]
+        sig.append((node.op.id, tuple(pos[r] if r in pos else (local[r >> OUT_BITS] << OUT_BITS) | (r & mask)
+                                      for r in node.inputs)))
+        local[i] = k
+    outs = tuple((local[r >> OUT_BITS] << OUT_BITS) | (r & mask) for r in grp.out_refs)
+    avals = tuple(g.input_avals[-r - 1] if r < 0 else nodes[r >> OUT_BITS].op.out_avals[r & mask] for r in grp.in_refs)
+    return tuple(sig), outs, avals
+
+
+def one_program(g: Graph, out_refs: tuple) -> Plan:
+    """A plan for g that fuses it whole, whatever the cached plan for its key does (capture)."""
+    return _build(g, out_refs, Key(g, out_refs), block_ops=0)
 
 
 _LARGEST = [0]

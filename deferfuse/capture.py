@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from . import engine
+from . import cache, engine
 from .config import CONFIG
 from .graph import Graph
 from .modes import DeferfuseMode
@@ -66,8 +66,8 @@ def capture(step: Callable[..., Any], *args: Any) -> Captured:
     """Record `step(*args)` as one program; see the module docstring for what replays."""
     engine.flush("capture")
     stream = engine.STREAM
-    saved = (stream.period.lookback, CONFIG.max_pending, CONFIG.max_group_ops)
-    stream.period.lookback = 0
+    saved = (stream.period.lookback, CONFIG.max_pending, CONFIG.max_group_ops, CONFIG.fuse_block_ops)
+    stream.period.lookback = CONFIG.fuse_block_ops = 0
     CONFIG.max_pending = CONFIG.max_group_ops = 1 << 30
     stream.graph.sources = []
     stream.captured = None
@@ -77,12 +77,14 @@ def capture(step: Callable[..., Any], *args: Any) -> Captured:
             g = stream.graph
             engine.flush("capture")
     finally:
-        stream.period.lookback, CONFIG.max_pending, CONFIG.max_group_ops = saved
+        stream.period.lookback, CONFIG.max_pending, CONFIG.max_group_ops, CONFIG.fuse_block_ops = saved
         stream.graph.sources = None
     if stream.captured is None or stream.captured[0] is not g:
         raise RuntimeError("deferfuse.capture: the step flushed before its end (a host read or a CPU "
                            "fallback inside it); only steps that record as one graph can be captured")
     _, out_refs, outputs, plan = stream.captured
+    if plan.single is None:  # the cached plan for this graph cuts it around repetitions
+        plan = cache.one_program(g, out_refs)
     if plan.single is None:
         raise RuntimeError("deferfuse.capture: the step needs several programs (a CPU fallback in it)")
     return Captured(result, g, outputs, plan, args)

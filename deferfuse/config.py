@@ -51,19 +51,21 @@ class Config:
     # a worst-case XLA compile on a 2-core CPU near a few seconds (about 1 ms per node measured
     # for our lowerings) while being well above one GPT training step between repetitions.
     max_pending: int = field(default_factory=lambda: _int("DEFERFUSE_MAX_PENDING", 4096))
-    # Repeated-op heuristic: look back this many recorded ops for a period, and cut only once
-    # at least `period_min_ops` ops are pending, so short chains still fuse into one program.
+    # Repeated-op heuristic (executors/deferred.py): look back this many recorded ops for a
+    # period. A tight loop (period below `fuse_block_ops` nodes) is cut once it has repeated
+    # over `period_min_ops` ops, so short chains still fuse into one program; a long period (a
+    # training step) where all that is pending repeats it, or once it has repeated over
+    # `step_min_ops` nodes (1024: above the 12 layers' backward pass of bench's GPT).
     period_lookback: int = field(default_factory=lambda: _int("DEFERFUSE_PERIOD_LOOKBACK", 2048))
     period_min_ops: int = field(default_factory=lambda: _int("DEFERFUSE_PERIOD_MIN_OPS", 64))
-    # Block cuts (off by default, 0): a period of at least `block_period_ops` recorded ops is a
-    # repeated block (a transformer layer, not a tight elementwise loop); cut at every one of
-    # its boundaries once `block_min_ops` nodes are pending, so each repetition runs the same
-    # cached program and a deeper model compiles few more programs than a shallow one (GPT
-    # first step, 12 vs 2 layers: 2.0x the compile time instead of 2.6x). Off because a whole
-    # training step is such a period too: the loop is then cut every step, and a host read at
-    # an irregular step (a final log line) compiles one more program after warm-up.
-    block_period_ops: int = field(default_factory=lambda: _int("DEFERFUSE_BLOCK_PERIOD_OPS", 0))
-    block_min_ops: int = field(default_factory=lambda: _int("DEFERFUSE_BLOCK_MIN_OPS", 16))
+    step_min_ops: int = field(default_factory=lambda: _int("DEFERFUSE_STEP_MIN_OPS", 1024))
+    # The fuser gives each repetition of a block of at least `fuse_block_ops` ops (a layer) its
+    # own program once it repeats `fuse_block_repeats` times, so identical layers share one
+    # compiled executable and compile time stays flat with depth; 0 fuses a flush regardless.
+    # Fewer repeats stay fused whole: splitting costs steady-state time (bench's 4-layer GPT
+    # step ran about 15 % slower as 15 programs than as one), and a shallow model compiles fast.
+    fuse_block_ops: int = field(default_factory=lambda: _int("DEFERFUSE_FUSE_BLOCK_OPS", 16))
+    fuse_block_repeats: int = field(default_factory=lambda: _int("DEFERFUSE_FUSE_BLOCK_REPEATS", 6))
     # Ops per fused program before the fuser splits a group (compile time grows superlinearly).
     max_group_ops: int = field(default_factory=lambda: _int("DEFERFUSE_MAX_GROUP_OPS", 4096))
     # Debug mode checks floating outputs for NaN/Inf; this turns that off.

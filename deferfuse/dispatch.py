@@ -21,7 +21,7 @@ from typing import Any, Callable
 import torch
 from torch._decomp import core_aten_decompositions, decomposition_table
 
-from . import cache, engine, events, modes, rng, sources, special, tensor
+from . import cache, engine, events, lanes, modes, rng, sources, special, tensor
 from .config import CONFIG
 from .events import METRICS
 from .graph import Op
@@ -68,6 +68,8 @@ def info_of(func) -> FuncInfo:
         info = FuncInfo(func)
         func._df = info
         info.route = _classify(func)
+        if info.route in (route_lowered, route_mutating) and lanes.splittable(func):
+            info.route = lanes.split_route(func, info.route, _EAGER_NOW)
         return info
 
 

@@ -168,6 +168,12 @@ def pending_count() -> int:
     return len(STREAM.graph.nodes)
 
 
+# Flushes after which the op stream starts afresh. A host read (`.item()` every N steps) is part
+# of a loop's period, not a break in it: the heuristic keeps cutting in the same places, so the
+# read flushes the same tail every time.
+_NEW_STREAM = frozenset(("mode_exit", "mode_change", "capture"))
+
+
 def flush(cause: str, where=None) -> list:
     """Run everything pending. Returns the storages that received values."""
     g = STREAM.graph
@@ -177,7 +183,7 @@ def flush(cause: str, where=None) -> list:
         raise RuntimeError("deferfuse internal error: re-entrant flush")
     STREAM.graph = Graph()
     STREAM.pushed = 0
-    if cause not in ("repeated_op_heuristic", "strict_op", "debug_op"):
+    if cause in _NEW_STREAM:
         STREAM.period.reset()
     t0 = time.perf_counter()
     STREAM.flushing = True

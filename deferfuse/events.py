@@ -23,6 +23,8 @@ class Metrics:
     flushes: Counter = field(default_factory=Counter)  # cause -> count
     cache_hits: int = 0
     cache_misses: int = 0
+    # jitted programs created: a missed plan's programs minus the groups it shares with others
+    programs_built: int = 0
     compile_seconds: float = 0.0
     execute_calls: int = 0
     cpu_fallbacks: Counter = field(default_factory=Counter)  # op name -> count
@@ -46,6 +48,7 @@ class Metrics:
             "cache_hits": self.cache_hits,
             "cache_misses": self.cache_misses,
             "programs_compiled": self.cache_misses,
+            "programs_built": self.programs_built,
             "compile_seconds": self.compile_seconds,
             "execute_calls": self.execute_calls,
             "cpu_fallbacks": dict(self.cpu_fallbacks),

@@ -8,7 +8,13 @@ A group breaks only where it must:
   before them, and each level becomes one group;
 - at the size cap (`max_group`), in topological order;
 - when optimisation fuel runs out: after `fuel` fused ops every further op is its own program,
-  so a wrong result can be bisected to the one fusion that caused it.
+  so a wrong result can be bisected to the one fusion that caused it;
+- around repetitions (`block_ops`): a block of at least that many ops repeated back to back
+  `block_repeats` times or more (a deep model's layers, forward and backward) gives one group
+  per repetition, and independent
+  identical chains that nothing else in the flush reads (an optimizer's per-layer updates, once
+  the foreach ops split their lists at layer boundaries) each get a group too. Identical groups
+  share one compiled program, so a deeper model compiles no more than a shallow one.
 """
 from __future__ import annotations
 
@@ -16,7 +22,11 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
+from . import blocks
 from .graph import OUT_BITS
+
+# A chain smaller than this is not worth a program of its own even when it repeats.
+MIN_LANE_NODES = 4
 
 
 @dataclass
@@ -53,7 +63,8 @@ def needed(sigs: list, out_refs) -> set[int]:
     return seen
 
 
-def partition(sigs: list, hosts: list[bool], out_refs, max_group: int, fuel: int | None = None) -> list[Group]:
+def partition(sigs: list, hosts: list[bool], out_refs, max_group: int, fuel: int | None = None,
+              block_ops: int = 0, block_repeats: int = 2, lane_ops: list[bool] | None = None) -> list[Group]:
     live = needed(sigs, out_refs)
     g = dag(sigs, hosts, live)
     order = list(nx.lexicographical_topological_sort(g))
@@ -71,26 +82,117 @@ def partition(sigs: list, hosts: list[bool], out_refs, max_group: int, fuel: int
     budget = fuel
     for lv in sorted(set(by_level) | set(hosts_at)):
         members = by_level.get(lv, [])
-        chunk: list[int] = []
-        for i in members:
-            if budget is not None:
-                if budget <= 0:
-                    if chunk:
-                        groups.append(Group(False, chunk, why="fusion fuel"))
-                        chunk = []
-                    groups.append(Group(False, [i], why="fusion fuel"))
-                    continue
-                budget -= 1
-            chunk.append(i)
-            if len(chunk) >= max_group:
-                groups.append(Group(False, chunk, why="size cap"))
-                chunk = []
-        if chunk:
-            groups.append(Group(False, chunk, why="host op" if lv in hosts_at else "end of flush"))
+        end_why = "host op" if lv in hosts_at else "end of flush"
+        if budget is not None:
+            budget = _fuelled(groups, members, budget, max_group, end_why)
+        else:
+            if block_ops and len(members) >= block_repeats * block_ops:
+                pieces = _around_repeats(members, sigs, g, block_ops, block_repeats, lane_ops)
+            else:
+                pieces = [(members, None)]
+            for k, (piece, why) in enumerate(pieces):
+                last = k == len(pieces) - 1
+                for lo in range(0, len(piece), max_group):
+                    chunk = piece[lo : lo + max_group]
+                    capped = lo + max_group < len(piece)
+                    groups.append(Group(False, chunk, why="size cap" if capped else why or (end_why if last else "repeated block")))
         for h in hosts_at.get(lv, []):
             groups.append(Group(True, [h], why="host op"))
     _connect(groups, sigs, out_refs)
     return groups
+
+
+def _fuelled(groups: list[Group], members: list[int], budget: int, max_group: int, end_why: str) -> int:
+    chunk: list[int] = []
+    for i in members:
+        if budget <= 0:
+            if chunk:
+                groups.append(Group(False, chunk, why="fusion fuel"))
+                chunk = []
+            groups.append(Group(False, [i], why="fusion fuel"))
+            continue
+        budget -= 1
+        chunk.append(i)
+        if len(chunk) >= max_group:
+            groups.append(Group(False, chunk, why="size cap"))
+            chunk = []
+    if chunk:
+        groups.append(Group(False, chunk, why=end_why))
+    return budget
+
+
+def _around_repeats(members: list[int], sigs: list, g: nx.DiGraph, block_ops: int, block_repeats: int,
+                    lane_ops: list[bool] | None) -> list[tuple[list[int], str | None]]:
+    """Cut one level (nodes in recording order) into pieces, each a group, around repetitions.
+
+    Recording order is topological, so contiguous pieces run in order. Lane chains (of the
+    nodes `lane_ops` marks: the foreach ops, split per layer by lanes.py) come out of the
+    non-repeated pieces and run last: nothing in the flush reads them, and their inputs come
+    from earlier nodes or the flush's inputs.
+    """
+    runs = blocks.repeats([sigs[i][0] for i in members], block_ops, block_repeats)
+    segs = blocks.segments(len(members), runs)
+    rest = [i for lo, hi, rep in segs if not rep for i in members[lo:hi]]
+    lanes = _repeated_lanes([i for i in rest if lane_ops[i]], sigs, g, block_repeats) if lane_ops else []
+    if not runs and not lanes:
+        return [(members, None)]
+    taken = {i for lane in lanes for i in lane}
+    pieces: list[tuple[list[int], str | None]] = []
+    for lo, hi, rep in segs:
+        piece = [i for i in members[lo:hi] if i not in taken]
+        if piece:
+            pieces.append((piece, "repeated block" if rep else None))
+    pieces.extend((lane, "repeated lanes") for lane in lanes)
+    return pieces
+
+
+def _repeated_lanes(nodes: list[int], sigs: list, g: nx.DiGraph, repeats: int) -> list[list[int]]:
+    """Independent chains among `nodes` that nothing outside them reads, and whose structure
+    occurs at least `repeats` times (the per-layer parameter updates of an optimizer step)."""
+    inside = set(nodes)
+    parent = {i: i for i in nodes}
+
+    def find(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i in nodes:
+        for r in sigs[i][1]:
+            j = r >> OUT_BITS
+            if r >= 0 and j in inside:
+                parent[find(i)] = find(j)
+    comps: dict[int, list[int]] = {}
+    for i in nodes:
+        comps.setdefault(find(i), []).append(i)
+    by_shape: dict[tuple, list[list[int]]] = {}
+    for comp in comps.values():
+        if len(comp) < MIN_LANE_NODES:
+            continue
+        members = set(comp)
+        if any(s not in members for i in comp for s in g.successors(i)):
+            continue
+        by_shape.setdefault(_canonical(comp, sigs), []).append(comp)
+    return [c for same in by_shape.values() if len(same) >= repeats for c in same]
+
+
+def _canonical(comp: list[int], sigs: list) -> tuple:
+    """A chain's structure with its node and input positions made relative to itself."""
+    local = {i: k for k, i in enumerate(comp)}
+    ext: dict[int, int] = {}
+    mask = (1 << OUT_BITS) - 1
+    out = []
+    for i in comp:
+        refs = []
+        for r in sigs[i][1]:
+            j = r >> OUT_BITS
+            if r >= 0 and j in local:
+                refs.append((local[j] << OUT_BITS) | (r & mask))
+            else:
+                refs.append(-1 - ext.setdefault(r, len(ext)))
+        out.append((sigs[i][0], tuple(refs)))
+    return tuple(out)
 
 
 def _connect(groups: list[Group], sigs: list, out_refs) -> None:

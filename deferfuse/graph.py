@@ -73,7 +73,7 @@ class PeriodDetector:
     multiple of P from where the repetition started, so each iteration is cut in the same place.
     """
 
-    __slots__ = ("lookback", "hist", "n", "last", "runs", "largest")
+    __slots__ = ("lookback", "hist", "sizes", "n", "last", "runs", "stretch", "longest", "longest_span")
 
     def __init__(self, lookback: int):
         self.lookback = lookback
@@ -81,23 +81,31 @@ class PeriodDetector:
 
     def reset(self) -> None:
         self.hist: list[int] = []
+        self.sizes: list[int] = []  # nodes each op recorded
         self.n = 0
         self.last: dict[int, int] = {}
         self.runs: dict[int, int] = {}
-        self.largest = 0
+        self.stretch = 0
+        self.longest = 0
+        self.longest_span = 0
 
-    def push(self, h: int) -> int:
+    def push(self, h: int, size: int = 1) -> int:
         """Record op hash h; return the smallest established period whose boundary this is, or 0.
 
-        `largest` is then the largest such period: a repeated block's boundary often coincides
-        with that of a short run inside it (two equal ops in a row), and the block must still
-        be seen."""
+        Also sets `stretch`, how many ops that period has repeated over (a tight loop that has
+        filled the graph by itself, not two equal ops in a row inside a layer), and `longest`
+        and `longest_span`: the longest period whose boundary this is, and how many ops it has
+        repeated over (a cut there is between whole training steps only if that span covers
+        everything pending, not just the layers of one forward pass)."""
         n = self.n
         hist = self.hist
         hist.append(h)
+        self.sizes.append(size)
         runs = self.runs
         best = 0
-        largest = 0
+        stretch = 0
+        top = 0
+        span = 0
         if runs:
             dead = None
             for p, r in runs.items():
@@ -107,10 +115,10 @@ class PeriodDetector:
                     # r ops matched the op p earlier, so the last r + p ops repeat with period
                     # p; a boundary is where a whole number of periods passed since it began
                     if r >= p and r % p == 0:
+                        if p > top:
+                            top, span = p, r + p
                         if not best or p < best:
-                            best = p
-                        if p > largest:
-                            largest = p
+                            best, stretch = p, r + p
                 elif dead is None:
                     dead = [p]
                 else:
@@ -126,18 +134,25 @@ class PeriodDetector:
                 runs[p] = 1
                 if p == 1:
                     if not best:
-                        best = 1
-                    if not largest:
-                        largest = 1
+                        best, stretch = 1, 2
+                    if not top:
+                        top, span = 1, 2
         last[h] = n
         self.n = n + 1
-        self.largest = largest
+        self.stretch = stretch
+        self.longest = top
+        self.longest_span = span
         if n >= 2 * self.lookback:
             drop = n + 1 - self.lookback
             del hist[:drop]
+            del self.sizes[:drop]
             self.n -= drop
             self.last = {k: v - drop for k, v in last.items() if v >= drop}
         return best
+
+    def nodes_in(self, k: int) -> int:
+        """Nodes recorded by the last k ops (one period of the stream, or a whole run of them)."""
+        return sum(self.sizes[-k:])
 
 
 class Graph:

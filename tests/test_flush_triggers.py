@@ -1,6 +1,8 @@
 """Every DeferAndFuse flush trigger records its cause and the user's file:line."""
 from __future__ import annotations
 
+import contextlib
+import copy
 import inspect
 import io
 from contextlib import redirect_stdout
@@ -8,7 +10,7 @@ from contextlib import redirect_stdout
 import torch
 
 import deferfuse
-from deferfuse import sources
+from deferfuse import lanes, sources
 from deferfuse.config import CONFIG
 
 HERE = __file__
@@ -166,20 +168,46 @@ def _blocks(x, ws):
 
 
 def test_repeated_blocks_compile_once_whatever_the_depth(monkeypatch):
-    """With block cuts on, a deeper stack of identical blocks compiles no more programs than a
-    shallow one: the heuristic cuts at each block boundary, and every block after the first few
-    is a cache hit."""
-    monkeypatch.setattr(CONFIG, "block_period_ops", 8)
-    misses = {}
-    for depth, width in ((4, 5), (16, 6)):  # a fresh width per depth: nothing cached in advance
+    """A deeper stack of identical blocks builds no more programs than a shallow one: the fuser
+    gives each repetition its own group and identical groups share one jitted program."""
+    monkeypatch.setattr(CONFIG, "fuse_block_ops", 8)  # a block here is 8 ops
+    built = {}
+    for depth, width in ((6, 5), (16, 6)):  # a fresh width per depth: nothing cached in advance
         torch.manual_seed(depth)
         ws = [torch.randn(width, width) * 0.3 for _ in range(depth)]
         x = torch.randn(3, width)
-        m0 = deferfuse.metrics()["cache_misses"]
+        m0 = deferfuse.metrics()
         with deferfuse.mode():
             got = _blocks(x.to("tpu"), [w.to("tpu") for w in ws])
             got = got.cpu()
-        misses[depth] = deferfuse.metrics()["cache_misses"] - m0
+        m1 = deferfuse.metrics()
+        built[depth] = m1["programs_built"] - m0["programs_built"]
+        assert m1["execute_calls"] - m0["execute_calls"] >= depth  # one program run per block
         torch.testing.assert_close(got, _blocks(x, ws))
-    assert misses[16] <= misses[4], misses
-    assert deferfuse.metrics()["flushes_by_cause"].get("repeated_op_heuristic", 0) >= 10
+    assert 0 < built[16] <= built[6], built
+
+
+def test_optimizer_update_of_repeated_layers_shares_programs():
+    """A foreach optimizer over many identical layers splits its lists at layer boundaries; each
+    layer's update is a program of its own, one program for all of them, and the result is
+    AdamW's on CPU."""
+    torch.manual_seed(0)
+    layers = 10
+    cpu = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(layers)])
+    tpu = copy.deepcopy(cpu).to("tpu")
+    opts = [torch.optim.AdamW(m.parameters(), lr=0.1, foreach=True) for m in (cpu, tpu)]
+    x = torch.randn(2, 4)
+    for step in range(3):
+        for m, opt, xx in ((cpu, opts[0], x), (tpu, opts[1], x.to("tpu"))):
+            ctx = deferfuse.mode() if m is tpu else contextlib.nullcontext()
+            with ctx:
+                m(xx).square().sum().backward()
+                opt.step()
+                opt.zero_grad()
+    for a, b in zip(cpu.parameters(), tpu.parameters()):
+        torch.testing.assert_close(b.cpu(), a)
+    assert lanes.chunks(list(tpu.parameters())) == [(k, k + 2) for k in range(0, 2 * layers, 2)]
+    from deferfuse import cache
+
+    lane_groups = [s for p in cache._PLANS.values() for s in p.steps if s.group.why == "repeated lanes"]
+    assert len(lane_groups) >= layers and len({id(s.fn) for s in lane_groups}) < len(lane_groups)

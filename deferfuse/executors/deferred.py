@@ -4,11 +4,15 @@ Sync points (host reads, data-dependent shapes, explicit syncs, leaving the `wit
 `engine.flush` themselves with their cause. This executor adds the two flushes that bound the
 pending graph in code that never syncs:
 
-- the repeated-op heuristic: when the recent op stream repeats with period P, cut at period
-  boundaries (once at least `period_min_ops` ops are pending), so every loop iteration reuses
-  one cached program and the cut lands in the same place each time;
-- optional block cuts (`DEFERFUSE_BLOCK_PERIOD_OPS`): also cut at every boundary of a long
-  period (a repeated layer), so a deeper model reuses one program per layer;
+- the repeated-op heuristic: when the recent op stream repeats, cut at period boundaries so
+  every loop iteration reuses one cached program and the cut lands in the same place each time.
+  A tight loop (a period shorter than `fuse_block_ops` nodes) is cut once it alone has filled
+  `period_min_ops` ops. A long period (a training step) is cut at its boundary when everything
+  pending is whole repetitions of it, or once it has repeated over `step_min_ops` nodes: a
+  training loop is cut between whole steps, each in the same place (so an `.item()` every N
+  steps flushes the same tail every time), while the layers of one forward pass, which follow
+  other pending ops, stay in one flush, where the fuser gives each its own program and
+  identical layers share one (a deep model compiles about what a shallow one does);
 - the size cap: `max_pending` nodes, for straight-line code with no repetition at all.
 """
 from __future__ import annotations
@@ -34,9 +38,14 @@ class DeferredExecutor(Executor):
             return
         stream.pushed = n
         period = stream.period
-        if period.push(hash((func._df.fid, added))) and (
-            n >= CONFIG.period_min_ops
-            or (CONFIG.block_period_ops and period.largest >= CONFIG.block_period_ops and n >= CONFIG.block_min_ops)
+        # the op, how many nodes it added and the last node's op (whose id covers the operand
+        # shapes): a loop over differently shaped tensors (an optimizer's state init) is no loop
+        p = period.push(hash((func._df.fid, added, stream.graph.nodes[-1].op.id)), added)
+        block = CONFIG.fuse_block_ops
+        if p and (
+            (period.stretch >= CONFIG.period_min_ops <= n and p < block and period.nodes_in(p) < block)
+            or (period.longest and period.nodes_in(period.longest) >= block
+                and period.nodes_in(period.longest_span) >= min(n, CONFIG.step_min_ops))
         ):
             engine.flush("repeated_op_heuristic", stream.where)
         elif n >= CONFIG.max_pending:

@@ -177,14 +177,14 @@ _NEW_STREAM = frozenset(("mode_exit", "mode_change", "capture"))
 def flush(cause: str, where=None) -> list:
     """Run everything pending. Returns the storages that received values."""
     g = STREAM.graph
+    if cause in _NEW_STREAM:
+        STREAM.period.reset()
     if not g.nodes:
         return []
     if STREAM.flushing:
         raise RuntimeError("deferfuse internal error: re-entrant flush")
     STREAM.graph = Graph()
     STREAM.pushed = 0
-    if cause in _NEW_STREAM:
-        STREAM.period.reset()
     t0 = time.perf_counter()
     STREAM.flushing = True
     try:

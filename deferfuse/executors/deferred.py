@@ -28,8 +28,8 @@ class DeferredExecutor(Executor):
     def after_op(self, func) -> None:
         """Runs after each top-level op: feed the period detector, cut or cap if due.
 
-        The detector sees one hash per top-level op that recorded anything (the op and how many
-        nodes it added), so cuts always fall between user-visible ops, never inside one.
+        The detector sees one hash per top-level op that recorded anything, so cuts always fall
+        between user-visible ops, never inside one.
         """
         stream = engine.STREAM
         n = len(stream.graph.nodes)
@@ -38,9 +38,13 @@ class DeferredExecutor(Executor):
             return
         stream.pushed = n
         period = stream.period
-        # the op, how many nodes it added and the last node's op (whose id covers the operand
-        # shapes): a loop over differently shaped tensors (an optimizer's state init) is no loop
-        p = period.push(hash((func._df.fid, added, stream.graph.nodes[-1].op.id)), added)
+        # the op and the shape it produced last: a loop over differently shaped tensors (an
+        # optimizer creating its state) is no loop. Not the op's full id: that covers view
+        # offsets, which change every iteration of a loop writing a KV cache. Not how many nodes
+        # it added: the first iteration after a flush records again the view reads the previous
+        # iterations shared, and must not break the period.
+        avals = stream.graph.nodes[-1].op.out_avals
+        p = period.push(hash((func._df.fid, avals[0][0] if avals else None)), added)
         block = CONFIG.fuse_block_ops
         if p and (
             (period.stretch >= CONFIG.period_min_ops <= n and p < block and period.nodes_in(p) < block)

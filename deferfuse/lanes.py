@@ -51,6 +51,8 @@ def splittable(func) -> bool:
     if not func.name().startswith("aten::_foreach_"):
         return False
     schema = func._schema
+    if not schema.arguments or not isinstance(schema.arguments[0].type, torch.ListType):
+        return False  # _foreach_pow.ScalarAndTensor: a scalar first
     if any(a.is_out for a in schema.arguments):
         return False
     # `scalars` as a tensor (addcdiv.Tensor) holds one value per list element: not a list here

@@ -251,17 +251,10 @@ def group_key(g: Graph, grp) -> tuple:
     node order, outputs in the order of `out_refs` (ascending refs, so also in node order)."""
     nodes = g.nodes
     mask = (1 << OUT_BITS) - 1
-    pos = {r: -(k + 1) for k, r in enumerate(grp.in_refs)}
-    local: dict[int, int] = {}
-    sig = []
-    for k, i in enumerate(grp.nodes):
-        node = nodes[i]
-        sig.append((node.op.id, tuple(pos[r] if r in pos else (local[r >> OUT_BITS] << OUT_BITS) | (r & mask)
-                                      for r in node.inputs)))
-        local[i] = k
+    sig, local = fuser.relative(grp.nodes, g.sig, grp.in_refs)
     outs = tuple((local[r >> OUT_BITS] << OUT_BITS) | (r & mask) for r in grp.out_refs)
     avals = tuple(g.input_avals[-r - 1] if r < 0 else nodes[r >> OUT_BITS].op.out_avals[r & mask] for r in grp.in_refs)
-    return tuple(sig), outs, avals
+    return sig, outs, avals
 
 
 def one_program(g: Graph, out_refs: tuple) -> Plan:

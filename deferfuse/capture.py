@@ -67,8 +67,7 @@ def capture(step: Callable[..., Any], *args: Any) -> Captured:
     engine.flush("capture")
     stream = engine.STREAM
     saved = (stream.period.lookback, CONFIG.max_pending, CONFIG.max_group_ops, CONFIG.fuse_block_ops)
-    stream.period.lookback = CONFIG.fuse_block_ops = 0
-    stream.period.reset()
+    stream.period.lookback = CONFIG.fuse_block_ops = 0  # the flush above reset the detector
     CONFIG.max_pending = CONFIG.max_group_ops = 1 << 30
     stream.graph.sources = []
     stream.captured = None

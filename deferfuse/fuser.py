@@ -173,17 +173,20 @@ def _repeated_lanes(nodes: list[int], sigs: list, g: nx.DiGraph, repeats: int) -
         members = set(comp)
         if any(s not in members for i in comp for s in g.successors(i)):
             continue
-        by_shape.setdefault(_canonical(comp, sigs), []).append(comp)
+        by_shape.setdefault(relative(comp, sigs)[0], []).append(comp)
     return [c for same in by_shape.values() if len(same) >= repeats for c in same]
 
 
-def _canonical(comp: list[int], sigs: list) -> tuple:
-    """A chain's structure with its node and input positions made relative to itself."""
-    local = {i: k for k, i in enumerate(comp)}
-    ext: dict[int, int] = {}
+def relative(ids: list[int], sigs: list, in_refs: list[int] | None = None) -> tuple[tuple, dict[int, int]]:
+    """The structure of nodes `ids` with positions made relative to themselves: per node its op
+    and operands, an operand inside as (position << OUT_BITS | output), one outside as -(k + 1),
+    k its index in `in_refs` (by default, in order of first use). Also returns node -> position.
+    Equal structures trace to the same program (cache.group_key) or repeat a chain (lanes)."""
+    local = {i: k for k, i in enumerate(ids)}
+    ext: dict[int, int] = {} if in_refs is None else {r: k for k, r in enumerate(in_refs)}
     mask = (1 << OUT_BITS) - 1
     out = []
-    for i in comp:
+    for i in ids:
         refs = []
         for r in sigs[i][1]:
             j = r >> OUT_BITS
@@ -192,7 +195,7 @@ def _canonical(comp: list[int], sigs: list) -> tuple:
             else:
                 refs.append(-1 - ext.setdefault(r, len(ext)))
         out.append((sigs[i][0], tuple(refs)))
-    return tuple(out)
+    return tuple(out), local
 
 
 def _connect(groups: list[Group], sigs: list, out_refs) -> None:

@@ -148,8 +148,6 @@ class PeriodDetector:
             del self.sizes[:drop]
             self.n -= drop
             self.last = {k: v - drop for k, v in last.items() if v >= drop}
-            if any(p > self.n for p in runs):  # the lookback shrank (capture sets it to 0)
-                self.runs = {p: r for p, r in runs.items() if p <= self.n}
         return best
 
     def nodes_in(self, k: int) -> int:

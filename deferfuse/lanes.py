@@ -29,7 +29,7 @@ _CHUNKS: dict[tuple, list[tuple[int, int]] | None] = {}
 def chunks(tensors) -> list[tuple[int, int]] | None:
     """[lo, hi) pieces of a tensor list: what precedes the repetition, one per repeated block,
     what follows; None when the list does not repeat."""
-    if len(tensors) < MIN_LANES:
+    if len(tensors) < MIN_LANES or not CONFIG.fuse_block_ops:
         return None
     key = tuple([(t.shape, t.dtype) for t in tensors])
     try:
@@ -38,7 +38,7 @@ def chunks(tensors) -> list[tuple[int, int]] | None:
         pass
     runs = blocks.repeats(key, 2, max(2, CONFIG.fuse_block_repeats))
     out = None
-    if runs and CONFIG.fuse_block_ops:
+    if runs:
         best = max(runs, key=lambda r: r[1] * r[2])
         if best[1] * best[2] >= MIN_LANES // 2:
             out = [(lo, hi) for lo, hi, _ in blocks.segments(len(key), [best])]

@@ -466,20 +466,32 @@ _FACTORY_KWARGS = {"dtype", "layout", "device", "pin_memory", "memory_format"}
 
 def route_mutating(func, args, kwargs):
     kind = _FUNCTIONAL[func]
-    _check_meta(func, args, kwargs)
+    spec = func._df.spec or spec_of(func)
+    key, tensors, scalars = signature(spec, args, kwargs)
     if kind[0] == "inplace":
-        if kind[2]:
-            args, kwargs = _fill_defaults(kind[2], args, kwargs)
-        result = dispatch(kind[1], args, kwargs)
         target = args[0]
+        r = _INPLACE.get(key)
+        if r is not None and _replaceable(r, target):
+            _emit_into(r, tensors, scalars, target)
+            return None if type(target) is list or type(target) is tuple else target
+        _check_meta(func, key, args, kwargs)
+        fill = kind[2]
+        if fill:
+            args, kwargs = _fill_defaults(fill, args, kwargs)
+        result = dispatch(kind[1], args, kwargs)
         if isinstance(target, (list, tuple)):
-            for t, r in zip(target, result):
-                _check_inplace_shape(t, r)
-                special.assign(t, r)
+            for t, res in zip(target, result):
+                _check_inplace_shape(t, res)
+                special.assign(t, res)
+            if not fill:
+                _learn_inplace(kind[1], key, args, kwargs, tensors, scalars, target)
             return None
         _check_inplace_shape(target, result)
         special.assign(target, result)
+        if not fill:
+            _learn_inplace(kind[1], key, args, kwargs, tensors, scalars, target)
         return target
+    _check_meta(func, key, args, kwargs)
     _, functional, out_names, factory = kind
     fkwargs = {k: v for k, v in kwargs.items() if k not in out_names}
     if factory:
@@ -510,11 +522,9 @@ def _check_inplace_shape(target, result) -> None:
         )
 
 
-def _check_meta(func, args, kwargs) -> None:
+def _check_meta(func, key, args, kwargs) -> None:
     """Run the mutating op's own meta kernel once per signature: it raises PyTorch's errors
     (broadcast into a smaller tensor, a result type that cannot be cast into the target)."""
-    spec = func._df.spec or spec_of(func)
-    key, _, _ = signature(spec, args, kwargs)
     if key in _CHECKED:
         return
     try:
@@ -522,6 +532,58 @@ def _check_meta(func, args, kwargs) -> None:
     except NotImplementedError:
         pass  # no meta kernel: the functional op's own checks still run
     _CHECKED.add(key)
+
+
+# In-place ops whose functional result replaces each target's whole value (an optimizer's
+# `_foreach_mul_`, `p.add_(...)` on a parameter) skip the result tensors and the copy: the
+# functional node's outputs become the targets' pending values directly. Keyed by the in-place
+# signature; an entry exists only once the general path has run (and checked) that signature.
+_INPLACE: dict[tuple, Recipe] = {}
+
+
+def _learn_inplace(functional, key, args, kwargs, tensors, scalars, target) -> None:
+    route = functional._df.route
+    if key in _INPLACE or (route is not route_lowered and getattr(route, "inner", None) is not route_lowered):
+        return
+    fkey, ftensors, fscalars = signature(functional._df.spec or spec_of(functional), args, kwargs)
+    r = _RECIPES.get(fkey)
+    if r is None or r.spec_out == "t" and type(target) in (list, tuple):
+        return
+    targets = target if type(target) in (list, tuple) else (target,)
+    if len(r.outs) != len(targets) or fscalars != scalars or any(a is not b for a, b in zip(ftensors, tensors)):
+        return
+    for t, (size, stride, dtype, lid, phys, lay) in zip(targets, r.outs):
+        if lay is not None or lid != t._lid or 0 in stride:
+            return
+    if _replaceable(r, target):
+        _INPLACE[key] = r
+
+
+def _replaceable(r: Recipe, target) -> bool:
+    """Per call: each target is a whole, aliased-for-real storage of the result's physical shape
+    (a view or a dtype-reinterpreting copy needs the general write)."""
+    if type(target) is list or type(target) is tuple:
+        for t, o in zip(target, r.outs):
+            st = t._st
+            if t._lay is not None or st.copy_of is not None or st.shape != o[4]:
+                return False
+        return True
+    st = target._st
+    return target._lay is None and st.copy_of is None and st.shape == r.outs[0][4]
+
+
+def _emit_into(r: Recipe, tensors, scalars, target) -> None:
+    if r.rng:
+        scalars.extend(rng.next_key())
+    g = _STREAM.graph
+    refs = tuple([_tensor_ref(g, t) for t in tensors])
+    base = g.add(r.op, refs, scalars, _STATE.where)
+    _METRICS.ops_recorded += 1
+    if type(target) is list or type(target) is tuple:
+        for k, t in enumerate(target):
+            t._st.set_pending(g, base | k)
+    else:
+        target._st.set_pending(g, base)
 
 
 # --- everything else ---------------------------------------------------------------------------

@@ -31,7 +31,10 @@ def chunks(tensors) -> list[tuple[int, int]] | None:
     what follows; None when the list does not repeat."""
     if len(tensors) < MIN_LANES or not CONFIG.fuse_block_ops:
         return None
-    key = tuple([(t.shape, t.dtype) for t in tensors])
+    try:  # a layout id stands for (size, stride, dtype) and is far cheaper to read than t.shape
+        key = tuple([t._lid for t in tensors])
+    except AttributeError:
+        key = tuple([(t.shape, t.dtype) for t in tensors])
     try:
         return _CHUNKS[key]
     except KeyError:
@@ -77,4 +80,5 @@ def split_route(func, route: Callable, eager_now: list) -> Callable:
                 outs.extend(out)
         return outs if outs else None
 
+    route_split.inner = route
     return route_split

@@ -67,9 +67,10 @@ class Storage:
 
     def set_pending(self, graph, ref: int) -> None:
         self.value = None
-        self.graph = graph
         self.ref = ref
-        graph.storages.append(weakref.ref(self))
+        if self.graph is not graph:  # already pending there: the graph tracks it once
+            self.graph = graph
+            graph.storages.append(weakref.ref(self))
 
     def set_value(self, array) -> None:
         self.value = array

@@ -180,6 +180,32 @@ def case_composite_out_written_below_dispatcher(d):
     return plain, resized, window
 
 
+def case_repeated_inplace_then_views_of_the_same_layout(d):
+    # from its second call on, an in-place signature makes the functional result the target's
+    # value outright; views with the same size, stride and dtype must still write through
+    x = torch.zeros(6).to(d)
+    for _ in range(3):
+        x.add_(1)
+    rows = torch.zeros(4, 6).to(d)
+    for i in range(4):
+        rows[i].add_(i)
+    flat = torch.zeros(6).to(d)
+    alias = flat.view(6)
+    alias.add_(2)
+    alias.add_(2)
+    return x, rows, flat
+
+
+def case_repeated_foreach_inplace_into_a_view(d):
+    a, b = torch.ones(3).to(d), torch.ones(3).to(d)
+    for _ in range(3):
+        torch._foreach_mul_([a, b], 2.0)
+    grid = torch.ones(2, 3).to(d)
+    torch._foreach_mul_([a, grid[1]], 3.0)
+    torch._foreach_mul_([grid[1], b], 3.0)
+    return a, b, grid
+
+
 CASES = [v for k, v in sorted(globals().items()) if k.startswith("case_")]
 
 

@@ -70,6 +70,9 @@ class ArgSpec:
         self.allow_cpu = allow_cpu
 
 
+_INT = {int}
+
+
 def _static(a):
     t = type(a)
     if t is float:
@@ -77,6 +80,8 @@ def _static(a):
     if t is bool:
         return ("b", a)
     if t is list or t is tuple:
+        if set(map(type, a)) <= _INT:  # sizes and dims, the common case, walked in C
+            return tuple(a)
         return tuple(_static(x) for x in a)
     if t is complex:
         return ("c", a.real.hex(), a.imag.hex())

@@ -49,12 +49,22 @@ def user_frame(depth: int = 2):
         f = f.f_back
     if threading.current_thread() is not _MAIN:
         # PyTorch runs backward on its own thread while the main thread waits inside
-        # `loss.backward()`: attribute the op to that line.
+        # `loss.backward()`: attribute the op to that line, found once per backward call (the
+        # main thread cannot move until it returns; reading its stack per op costs more than
+        # recording the op)
+        task = _graph_task_id()
+        if task >= 0 and _TASK[0] == task:
+            return _TASK[1]
         main = sys._current_frames().get(_MAIN.ident)
-        if main is not None and main is not f:
-            return user_frame_of(main) or _AUTOGRAD
-        return _AUTOGRAD
+        where = (user_frame_of(main) or _AUTOGRAD) if main is not None and main is not f else _AUTOGRAD
+        if task >= 0:
+            _TASK[:] = [task, where]
+        return where
     return None
+
+
+_graph_task_id = __import__("torch")._C._current_graph_task_id
+_TASK: list = [-1, None]  # (graph task id, the main thread's user line during it)
 
 
 def user_frame_of(f):

@@ -211,3 +211,19 @@ def test_optimizer_update_of_repeated_layers_shares_programs():
 
     lane_groups = [s for p in cache._PLANS.values() for s in p.steps if s.group.why == "repeated lanes"]
     assert len(lane_groups) >= layers and len({id(s.fn) for s in lane_groups}) < len(lane_groups)
+
+
+def test_backward_ops_are_attributed_to_each_backward_call(events, monkeypatch):
+    # autograd records backward ops on its own thread; they name the line that called
+    # backward(), looked up once per backward call, so a second call must not inherit the first's
+    monkeypatch.setattr(CONFIG, "max_pending", 8)
+    x = torch.ones(64, device="tpu", requires_grad=True)
+    with deferfuse.mode():
+        (x * 2).sin().cos().exp().sin().cos().sum().backward()  # <- first
+        first = [e for e in _flushes(events) if e["cause"] == "size_cap"]
+        (x * 3).sin().cos().exp().sin().cos().sum().backward()  # <- second
+        second = [e for e in _flushes(events) if e["cause"] == "size_cap"][len(first):]
+    lines = {name: {sources.parts(e["where"])[:2] for e in evs} for name, evs in (("first", first), ("second", second))}
+    assert (HERE, _line_of("# <- first")) in lines["first"]
+    assert (HERE, _line_of("# <- second")) in lines["second"]
+    assert (HERE, _line_of("# <- first")) not in lines["second"]

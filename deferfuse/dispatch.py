@@ -208,8 +208,11 @@ def emit(r: Recipe, tensors, scalars):
         out = _run_now(r, op, tensors, scalars)
         if out is not None:
             return out
-    refs = tuple([_tensor_ref(g, t) for t in tensors])
-    base = g.add(op, refs, scalars, _STATE.where)
+    refs = []
+    for t in tensors:  # engine.tensor_ref, its common case inline: a whole tensor pending here
+        st = t._st
+        refs.append(st.ref if st.graph is g and t._lay is None else _tensor_ref(g, t))
+    base = g.add(op, tuple(refs), scalars, _STATE.where)
     _METRICS.ops_recorded += 1
     out = []
     track = g.storages.append

@@ -574,7 +574,7 @@ def _learn_inplace(functional, key, args, kwargs, tensors, scalars, target) -> N
     if len(r.outs) != len(targets) or fscalars != scalars or any(a is not b for a, b in zip(ftensors, tensors)):
         return
     for t, (size, stride, dtype, lid, phys, lay) in zip(targets, r.outs):
-        if lay is not None or lid != t._lid or 0 in stride:
+        if not isinstance(t, TpuTensor) or lay is not None or lid != t._lid or 0 in stride:
             return
     if _replaceable(r, target):
         _INPLACE[key] = r

@@ -53,18 +53,19 @@ def user_frame(depth: int = 2):
         # main thread cannot move until it returns; reading its stack per op costs more than
         # recording the op)
         task = _graph_task_id()
-        if task >= 0 and _TASK[0] == task:
-            return _TASK[1]
+        cached = _TASK[0]  # one read: another thread's backward may replace it meanwhile
+        if task >= 0 and cached[0] == task:
+            return cached[1]
         main = sys._current_frames().get(_MAIN.ident)
         where = (user_frame_of(main) or _AUTOGRAD) if main is not None and main is not f else _AUTOGRAD
         if task >= 0:
-            _TASK[:] = [task, where]
+            _TASK[0] = (task, where)
         return where
     return None
 
 
 _graph_task_id = __import__("torch")._C._current_graph_task_id
-_TASK: list = [-1, None]  # (graph task id, the main thread's user line during it)
+_TASK: list = [(-1, None)]  # (graph task id, the main thread's user line during it)
 
 
 def user_frame_of(f):

@@ -190,7 +190,7 @@ _DEVICE = tensor.DEVICE
 _METRICS = METRICS
 _STREAM = engine.STREAM
 _STATE = engine.STREAM  # .where: the user's line of the top-level op being recorded
-_tensor_ref = engine.tensor_ref
+_record = engine.record
 _stack = modes._stack
 _default = modes._default
 _SOURCE_LINES = CONFIG.source_lines
@@ -208,12 +208,7 @@ def emit(r: Recipe, tensors, scalars):
         out = _run_now(r, op, tensors, scalars)
         if out is not None:
             return out
-    refs = []
-    for t in tensors:  # engine.tensor_ref, its common case inline: a whole tensor pending here
-        st = t._st
-        refs.append(st.ref if st.graph is g and t._lay is None else _tensor_ref(g, t))
-    base = g.add(op, tuple(refs), scalars, _STATE.where)
-    _METRICS.ops_recorded += 1
+    g, base = _record(op, tensors, scalars)
     out = []
     track = g.storages.append
     for k, (size, stride, dtype, lid, phys, lay) in enumerate(r.outs):
@@ -335,12 +330,11 @@ def route_view(func, args, kwargs):
              for size, stride, delta, dtype in outs[0]],
             outs[1],
         )
-    res = [_new_tensor(st, size, stride, dtype, lid, vlay) for size, stride, dtype, lid, vlay in made[0]]
+    res = [new_tensor(st, size, stride, dtype, lid, vlay) for size, stride, dtype, lid, vlay in made[0]]
     return res[0] if made[1] == "t" else unflatten_outputs(res, made[1])
 
 
 _VIEW_OUTS: dict[tuple, tuple] = {}
-_new_tensor = new_tensor
 
 
 def route_unsafe_view(func, args, kwargs):
@@ -596,10 +590,7 @@ def _replaceable(r: Recipe, target) -> bool:
 def _emit_into(r: Recipe, tensors, scalars, target) -> None:
     if r.rng:
         scalars.extend(rng.next_key())
-    g = _STREAM.graph
-    refs = tuple([_tensor_ref(g, t) for t in tensors])
-    base = g.add(r.op, refs, scalars, _STATE.where)
-    _METRICS.ops_recorded += 1
+    g, base = _record(r.op, tensors, scalars)
     if type(target) is list or type(target) is tuple:
         for k, t in enumerate(target):
             t._st.set_pending(g, base | k)

@@ -131,8 +131,11 @@ def tensor_ref(g: Graph, t: TpuTensor) -> int:
 def record(op: Op, tensors, scalars) -> tuple[Graph, int]:
     """Append one node reading `tensors`; returns (graph, base ref of its outputs)."""
     g = STREAM.graph
-    refs = tuple([tensor_ref(g, t) for t in tensors])
-    base = g.add(op, refs, scalars, where())
+    refs = []
+    for t in tensors:  # tensor_ref, its common case inline: a whole tensor pending here
+        st = t._st
+        refs.append(st.ref if st.graph is g and t._lay is None else tensor_ref(g, t))
+    base = g.add(op, tuple(refs), scalars, STREAM.where)
     METRICS.ops_recorded += 1
     return g, base
 

@@ -77,9 +77,14 @@ class _Hooks(torch._C._acc.PrivateUse1Hooks):
         return True
 
 
+_PRIVATEUSE1 = torch._C._autograd.DeviceType.PrivateUse1
+
+
 class _Guard(torch._C._acc.DeviceGuard):
+    # PyTorch's C++ side asks this on every device and stream guard: autograd calls it about
+    # once per forward op and five times per backward op, each a trip into Python
     def type_(self):
-        return torch._C._autograd.DeviceType.PrivateUse1
+        return _PRIVATEUSE1
 
 
 _registered = False

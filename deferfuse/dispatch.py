@@ -184,7 +184,8 @@ def _iter_placeholders(obj, kinds):
             yield from _iter_placeholders(x, kinds)
 
 
-_make = torch.Tensor._make_wrapper_subclass
+_make = torch.Tensor._make_wrapper_subclass  # called positionally: keyword parsing costs ~1 µs a tensor
+_STRIDED = torch.strided
 _weakref = weakref.ref
 _DEVICE = tensor.DEVICE
 _METRICS = METRICS
@@ -215,9 +216,9 @@ def emit(r: Recipe, tensors, scalars):
         st = Storage(None, phys, dtype, g, base | k)
         track(_weakref(st))
         if lay is None:
-            t = _make(TpuTensor, size, dtype=dtype, device=_DEVICE)
+            t = _make(TpuTensor, size, None, None, None, dtype, _STRIDED, _DEVICE)
         else:
-            t = _make(TpuTensor, size, strides=stride, storage_offset=0, dtype=dtype, device=_DEVICE)
+            t = _make(TpuTensor, size, stride, 0, None, dtype, _STRIDED, _DEVICE)
         t._st = st
         t._lay = lay
         t._lid = lid
@@ -267,9 +268,9 @@ def _run_now(r: Recipe, op, tensors, scalars):
     for k, (size, stride, dtype, lid, phys, lay) in enumerate(r.outs):
         st = Storage(values[k], phys, dtype)
         if lay is None:
-            t = _make(TpuTensor, size, dtype=dtype, device=_DEVICE)
+            t = _make(TpuTensor, size, None, None, None, dtype, _STRIDED, _DEVICE)
         else:
-            t = _make(TpuTensor, size, strides=stride, storage_offset=0, dtype=dtype, device=_DEVICE)
+            t = _make(TpuTensor, size, stride, 0, None, dtype, _STRIDED, _DEVICE)
         t._st = st
         t._lay = lay
         t._lid = lid

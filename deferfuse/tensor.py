@@ -173,14 +173,15 @@ def _dispatch(func, args, kwargs):  # replaced by dispatch.py at import
     raise RuntimeError("deferfuse dispatcher not initialised")
 
 
-_make = torch.Tensor._make_wrapper_subclass
+_make = torch.Tensor._make_wrapper_subclass  # called positionally: keyword parsing costs ~1 µs a tensor
+_STRIDED = torch.strided
 
 
 def new_tensor(st: Storage, size: tuple, stride: tuple, dtype: torch.dtype, lid: int, lay) -> TpuTensor:
     if lay is None:
-        t = _make(TpuTensor, size, dtype=dtype, device=DEVICE)
+        t = _make(TpuTensor, size, None, None, None, dtype, _STRIDED, DEVICE)
     else:
-        t = _make(TpuTensor, size, strides=stride, storage_offset=lay[1], dtype=dtype, device=DEVICE)
+        t = _make(TpuTensor, size, stride, lay[1], None, dtype, _STRIDED, DEVICE)
     t._st = st
     t._lay = lay
     t._lid = lid

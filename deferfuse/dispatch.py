@@ -21,7 +21,7 @@ from typing import Any, Callable
 import torch
 from torch._decomp import core_aten_decompositions, decomposition_table
 
-from . import cache, engine, events, lanes, modes, rng, sources, special, tensor
+from . import cache, engine, events, expansion, lanes, modes, rng, sources, special, tensor
 from .config import CONFIG
 from .events import METRICS
 from .graph import Op
@@ -614,16 +614,16 @@ def _expand(func, args, kwargs, how):
 
 
 def route_decomposed(func, args, kwargs):
-    return _expand(func, args, kwargs, DECOMPOSITIONS[func])
+    return expansion.run(func, args, kwargs, lambda: _expand(func, args, kwargs, DECOMPOSITIONS[func]))
 
 
 def route_composite(func, args, kwargs):
-    return _expand(func, args, kwargs, func.decompose)
+    return expansion.run(func, args, kwargs, lambda: _expand(func, args, kwargs, func.decompose))
 
 
 def route_explicit(func, args, kwargs):
-    return _expand(func, args, kwargs,
-                   lambda *a, **k: func._op_dk(torch._C.DispatchKey.CompositeExplicitAutograd, *a, **k))
+    return expansion.run(func, args, kwargs, lambda: _expand(
+        func, args, kwargs, lambda *a, **k: func._op_dk(torch._C.DispatchKey.CompositeExplicitAutograd, *a, **k)))
 
 
 def route_fallback(func, args, kwargs):

@@ -1,0 +1,132 @@
+"""Decompositions expanded once per signature, then recorded as one node.
+
+An op without a lowering of its own (mse_loss and its backward, and whatever else PyTorch's
+decomposition table or a Composite kernel serves) is expanded into smaller ops that re-enter the
+dispatcher. Doing that on every call costs the decomposition's Python (dtype promotion, pytree
+maps) plus one dispatch per smaller op: mse_loss is seven dispatches and about 0.4 ms, called
+every step of a training loop. What the smaller ops record depends only on the call's signature
+(tensor layouts and static arguments) as long as the expansion is a pure function of the call's
+tensors, so the first expansion's nodes are kept as one composite Op and later calls with the
+same signature record that single node.
+
+An expansion is kept only when it provably is such a function:
+- the call has tensors and no runtime scalars (a scalar's value would be baked into the Op);
+- nothing was flushed and nothing fell back to CPU while it recorded (a host read or a fallback
+  makes the result depend on values), and it drew no random numbers (the key would be baked in);
+- every recorded node reads only the call's tensors or earlier nodes of the expansion, and no
+  node is a host step;
+- no input's storage was written (a decomposition updating an argument in place);
+- every output is a whole, fresh value made by the expansion, each in its own storage (an output
+  that aliases an input or another output must stay a view).
+Anything else is remembered per signature and expanded on every call, as before.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from . import engine, program, rng
+from .events import METRICS
+from .graph import OUT_BITS
+from .meta import flatten_outputs, signature
+from .tensor import TpuTensor
+
+# signature -> Recipe of the composite op, or None: this signature always expands
+_KEPT: dict = {}
+_MISSING = object()
+
+
+def run(func, args: tuple, kwargs: dict, expand: Callable):
+    """Serve a decomposed call: replay its kept composite if any, else expand (and maybe keep)."""
+    from . import dispatch
+
+    try:
+        key, tensors, scalars = signature(func._df.spec or dispatch.spec_of(func), args, kwargs)
+    except Exception:  # noqa: BLE001 - arguments the signature walk does not model: just expand
+        return expand()
+    r = _KEPT.get(key, _MISSING)
+    if r is None:
+        return expand()
+    if r is not _MISSING:
+        return dispatch.emit(r, tensors, scalars)
+    if scalars or not tensors:
+        _KEPT[key] = None
+        return expand()
+    if len(_KEPT) > 100_000:  # signatures that never repeat: stop learning rather than grow
+        return expand()
+    return _learn(str(func), key, tensors, expand)
+
+
+def _learn(name: str, key, tensors, expand: Callable):
+    g = engine.STREAM.graph
+    in_refs = [engine.tensor_ref(g, t) for t in tensors]
+    n0 = len(g.nodes)
+    inputs_before = [(t._st, t._st.value, t._st.graph, t._st.ref) for t in tensors]
+    rng_before = rng._counter
+    fallbacks_before = sum(METRICS.cpu_fallbacks.values())
+    out = expand()
+    kept = None
+    if (
+        engine.STREAM.graph is g
+        and len(in_refs) == len(set(in_refs))
+        and rng._counter == rng_before
+        and sum(METRICS.cpu_fallbacks.values()) == fallbacks_before
+        and all(st.value is v and st.graph is gr and st.ref == ref for st, v, gr, ref in inputs_before)
+    ):
+        kept = _composite(name, key, g, n0, in_refs, out)
+    _KEPT[key] = kept
+    return out
+
+
+def _composite(name: str, key, g, n0: int, in_refs: list, out):
+    """The Recipe of one node that computes what g.nodes[n0:] computed, or None."""
+    from . import dispatch
+    from .graph import Op
+
+    n1 = len(g.nodes)
+    if n1 <= n0:
+        return None
+    lo_ref, hi_ref = n0 << OUT_BITS, n1 << OUT_BITS
+    known = set(in_refs)
+    for node in g.nodes[n0:n1]:
+        if node.op.host:
+            return None
+        for r in node.inputs:
+            if r not in known and not lo_ref <= r < hi_ref:
+                return None
+    leaves, spec_out = flatten_outputs(out)
+    if not leaves:
+        return None
+    outs, out_refs, seen = [], [], set()
+    for t in leaves:
+        if type(t) is not TpuTensor or t._lay is not None:
+            return None
+        st = t._st
+        if st.graph is not g or not lo_ref <= st.ref < hi_ref or id(st) in seen or st.copy_of is not None:
+            return None
+        seen.add(id(st))
+        out_refs.append(st.ref)
+        outs.append((tuple(t.shape), tuple(t.stride()), t.dtype, t._lid, st.shape, None))
+    spec_out = _plain(spec_out)
+    nodes = g.nodes
+    scalar_ids = [i for n in nodes[n0:n1] for i in range(n.scalar_lo, n.scalar_lo + n.op.n_scalars)]
+    consts = [g.scalars[i] for i in scalar_ids]
+    inner = program.build(nodes, range(n0, n1), in_refs, out_refs, scalar_ids)
+    out_avals = [nodes[r >> OUT_BITS].op.out_avals[r & ((1 << OUT_BITS) - 1)] for r in out_refs]
+
+    def make():
+        def fn(ins, scs):
+            return inner(ins, consts)
+
+        return Op(("expanded", key), name, fn, out_avals, 0, family="expanded")
+
+    op = Op.intern(("expanded", key), make)
+    return dispatch.Recipe(op, outs, spec_out, False)
+
+
+def _plain(spec):
+    """A result spec with PyTorch's named return tuples (torch.return_types.*) made plain tuples:
+    they are built from positional fields, and the binding above the dispatcher names them again."""
+    if spec is None or spec == "t" or spec[0] == "const":
+        return spec
+    typ, parts = spec
+    return (tuple if issubclass(typ, tuple) else typ, [(lo, n, _plain(s)) for lo, n, s in parts])

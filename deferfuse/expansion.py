@@ -126,7 +126,7 @@ def _composite(name: str, key, g, n0: int, in_refs: list, out):
 def _plain(spec):
     """A result spec with PyTorch's named return tuples (torch.return_types.*) made plain tuples:
     they are built from positional fields, and the binding above the dispatcher names them again."""
-    if spec is None or spec == "t" or spec[0] == "const":
+    if spec is None or spec == "t" or spec == "tlist" or spec[0] == "const":
         return spec
     typ, parts = spec
     return (tuple if issubclass(typ, tuple) else typ, [(lo, n, _plain(s)) for lo, n, s in parts])

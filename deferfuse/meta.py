@@ -133,7 +133,14 @@ def _part(kind, a, spec, tensors, scalars):
             return a
         return _static(a)
     if kind == TLIST:
-        return tuple(_part(T, x, spec, tensors, scalars) for x in a)
+        lids = []
+        for x in a:
+            if type(x) is TpuTensor:
+                tensors.append(x)
+                lids.append(x._lid)
+            else:
+                lids.append(_part(T, x, spec, tensors, scalars))
+        return tuple(lids)
     if kind == SCALAR or kind == SCALAR_OPT:
         t = type(a)
         if t is float or t is int:
@@ -267,6 +274,8 @@ def flatten_outputs(out) -> tuple[list, Any]:
         return [out], "t"
     if out is None:
         return [], None
+    if type(out) is list and all(isinstance(o, torch.Tensor) for o in out):
+        return list(out), "tlist"  # a foreach result: rebuilt without walking a spec per tensor
     if isinstance(out, (tuple, list)):
         leaves: list = []
         spec = []
@@ -281,6 +290,8 @@ def flatten_outputs(out) -> tuple[list, Any]:
 def unflatten_outputs(leaves: list, spec):
     if spec == "t":
         return leaves[0]
+    if spec == "tlist":
+        return list(leaves)
     if spec is None:
         return None
     if spec[0] == "const":

@@ -9,7 +9,8 @@ Routes, tried in this order when an overload is first seen (the choice is cached
 5. data-dependent output shape (`nonzero`, `masked_select`, ...): flush, then run eagerly;
 6. mutating (in-place and out= variants): the functional op, then a write into the target;
 7. a PyTorch decomposition, a CompositeImplicitAutograd kernel, or a CompositeExplicitAutograd
-   kernel: re-enter the dispatcher with smaller ops;
+   kernel: re-enter the dispatcher with smaller ops, once per signature where the expansion is a
+   pure function of the call's tensors, which later calls replay as one node (`expansion.py`);
 8. the CPU fallback: counted, warned once per op, or an error naming the op.
 """
 from __future__ import annotations
@@ -88,7 +89,7 @@ def dispatch(func, args: tuple, kwargs: dict):
     ex = _stack[-1] if _stack else _default[0]
     if ex.checks_before:
         ex.before_op(func, args, kwargs)
-    if _SOURCE_LINES:
+    if _SOURCE_LINES and route is not route_view and route is not route_alias:  # views record nothing
         _STATE.where = _user_frame(2)
     _EAGER_NOW[0] = ex.runs_eagerly and not _TIMING[0]
     if _TIMING[0]:
@@ -338,6 +339,15 @@ def route_view(func, args, kwargs):
 _VIEW_OUTS: dict[tuple, tuple] = {}
 
 
+def route_alias(func, args, kwargs):
+    """detach and alias: a new tensor over the same storage with the same layout. Autograd's
+    AccumulateGrad detaches every parameter's gradient on every backward pass, so this skips
+    the signature and caches a general view needs."""
+    t = args[0]
+    size, stride, dtype = LAYOUTS[t._lid]
+    return new_tensor(t._st, size, stride, dtype, t._lid, t._lay)
+
+
 def route_unsafe_view(func, args, kwargs):
     """_unsafe_view aliases its input on CPU (it is a view autograd does not track), and composite
     out= kernels rely on that: kron.out resizes `out`, takes an _unsafe_view of it and writes the
@@ -352,6 +362,8 @@ def _copying_view(func, args, kwargs):
     Reads are exact; a write into the result would not reach the base, so it raises instead."""
     if func not in LOWERINGS:
         raise NotImplementedError(f"deferfuse: {func} reinterprets its input's dtype and has no lowering")
+    if _SOURCE_LINES:  # reached from route_view, which skips the user's line: this one records a node
+        _STATE.where = _user_frame(1)
     out = route_lowered(func, args, kwargs)
     for t in out if isinstance(out, (list, tuple)) else [out]:
         t._st.copy_of = str(func)
@@ -643,6 +655,8 @@ def _classify(func) -> Callable:
         return sp
     if func is aten._unsafe_view.default:
         return route_unsafe_view
+    if func is aten.detach.default or func is aten.alias.default:
+        return route_alias
     if func in LOWERINGS:
         returns = func._schema.returns
         if returns and all(r.alias_info is not None and not r.alias_info.is_write for r in returns):

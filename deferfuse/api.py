@@ -15,8 +15,9 @@ def sync(cause: str = "sync", depth: int = 2) -> None:
 
 def metrics() -> dict[str, Any]:
     """Counters since start (or the last `reset_metrics()`): ops recorded, flushes by cause, cache hits
-    and misses (= programs compiled), compile seconds, execute calls, CPU fallbacks by op name, and
-    how many intermediates were never materialised."""
+    and misses (= programs compiled), compile seconds, execute calls, CPU fallbacks by op name,
+    decomposed ops replayed as one node by op name, and how many intermediates were never
+    materialised."""
     out = events.METRICS.as_dict()
     out["pending_nodes"] = engine.pending_count()
     out["cache_entries"] = cache.size()

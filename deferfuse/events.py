@@ -28,6 +28,8 @@ class Metrics:
     compile_seconds: float = 0.0
     execute_calls: int = 0
     cpu_fallbacks: Counter = field(default_factory=Counter)  # op name -> count
+    # op name -> calls recorded as one node from the kept expansion of their decomposition
+    decompositions_replayed: Counter = field(default_factory=Counter)
     outputs_materialized: int = 0
     bytes_materialized: int = 0
     intermediates_skipped: int = 0
@@ -53,6 +55,7 @@ class Metrics:
             "execute_calls": self.execute_calls,
             "cpu_fallbacks": dict(self.cpu_fallbacks),
             "cpu_fallbacks_total": sum(self.cpu_fallbacks.values()),
+            "decompositions_replayed": dict(self.decompositions_replayed),
             "outputs_materialized": self.outputs_materialized,
             "bytes_materialized": self.bytes_materialized,
             "intermediates_skipped": self.intermediates_skipped,

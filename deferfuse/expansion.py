@@ -47,6 +47,7 @@ def run(func, args: tuple, kwargs: dict, expand: Callable):
     if r is None:
         return expand()
     if r is not _MISSING:
+        METRICS.decompositions_replayed[r.op.name] += 1
         return dispatch.emit(r, tensors, scalars)
     if scalars or not tensors:
         _KEPT[key] = None

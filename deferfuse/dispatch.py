@@ -185,10 +185,7 @@ def _iter_placeholders(obj, kinds):
             yield from _iter_placeholders(x, kinds)
 
 
-_make = torch.Tensor._make_wrapper_subclass  # called positionally: keyword parsing costs ~1 µs a tensor
-_STRIDED = torch.strided
 _weakref = weakref.ref
-_DEVICE = tensor.DEVICE
 _METRICS = METRICS
 _STREAM = engine.STREAM
 _STATE = engine.STREAM  # .where: the user's line of the top-level op being recorded
@@ -216,14 +213,7 @@ def emit(r: Recipe, tensors, scalars):
     for k, (size, stride, dtype, lid, phys, lay) in enumerate(r.outs):
         st = Storage(None, phys, dtype, g, base | k)
         track(_weakref(st))
-        if lay is None:
-            t = _make(TpuTensor, size, None, None, None, dtype, _STRIDED, _DEVICE)
-        else:
-            t = _make(TpuTensor, size, stride, 0, None, dtype, _STRIDED, _DEVICE)
-        t._st = st
-        t._lay = lay
-        t._lid = lid
-        out.append(t)
+        out.append(new_tensor(st, size, stride, dtype, lid, lay))
     if r.spec_out == "t":
         return out[0]
     return unflatten_outputs(out, r.spec_out)
@@ -267,15 +257,7 @@ def _run_now(r: Recipe, op, tensors, scalars):
     m.outputs_materialized += n_out
     out = []
     for k, (size, stride, dtype, lid, phys, lay) in enumerate(r.outs):
-        st = Storage(values[k], phys, dtype)
-        if lay is None:
-            t = _make(TpuTensor, size, None, None, None, dtype, _STRIDED, _DEVICE)
-        else:
-            t = _make(TpuTensor, size, stride, 0, None, dtype, _STRIDED, _DEVICE)
-        t._st = st
-        t._lay = lay
-        t._lid = lid
-        out.append(t)
+        out.append(new_tensor(Storage(values[k], phys, dtype), size, stride, dtype, lid, lay))
     if r.spec_out == "t":
         return out[0]
     return unflatten_outputs(out, r.spec_out)
@@ -615,27 +597,31 @@ def _emit_into(r: Recipe, tensors, scalars, target) -> None:
 
 
 def _expand(func, args, kwargs, how):
-    """Run a decomposition/composite kernel; if it comes back to `func` itself, fall back."""
-    if func in _DECOMPOSING:
-        return fallback.run(func, args, kwargs, reason="its decomposition re-enters it")
-    _DECOMPOSING.add(func)
-    try:
-        return how(*args, **kwargs)
-    finally:
-        _DECOMPOSING.discard(func)
+    """Run a decomposition/composite kernel (or replay its kept expansion, `expansion.py`); if it
+    comes back to `func` itself, fall back."""
+    def now():
+        if func in _DECOMPOSING:
+            return fallback.run(func, args, kwargs, reason="its decomposition re-enters it")
+        _DECOMPOSING.add(func)
+        try:
+            return how(*args, **kwargs)
+        finally:
+            _DECOMPOSING.discard(func)
+
+    return expansion.run(func, args, kwargs, now)
 
 
 def route_decomposed(func, args, kwargs):
-    return expansion.run(func, args, kwargs, lambda: _expand(func, args, kwargs, DECOMPOSITIONS[func]))
+    return _expand(func, args, kwargs, DECOMPOSITIONS[func])
 
 
 def route_composite(func, args, kwargs):
-    return expansion.run(func, args, kwargs, lambda: _expand(func, args, kwargs, func.decompose))
+    return _expand(func, args, kwargs, func.decompose)
 
 
 def route_explicit(func, args, kwargs):
-    return expansion.run(func, args, kwargs, lambda: _expand(
-        func, args, kwargs, lambda *a, **k: func._op_dk(torch._C.DispatchKey.CompositeExplicitAutograd, *a, **k)))
+    return _expand(func, args, kwargs,
+                   lambda *a, **k: func._op_dk(torch._C.DispatchKey.CompositeExplicitAutograd, *a, **k))
 
 
 def route_fallback(func, args, kwargs):

@@ -26,7 +26,7 @@ from typing import Callable
 
 from . import engine, program, rng
 from .events import METRICS
-from .graph import OUT_BITS
+from .graph import OUT_BITS, Op, node_of, out_of
 from .meta import flatten_outputs, signature
 from .tensor import TpuTensor
 
@@ -81,7 +81,6 @@ def _learn(name: str, key, tensors, expand: Callable):
 def _composite(name: str, key, g, n0: int, in_refs: list, out):
     """The Recipe of one node that computes what g.nodes[n0:] computed, or None."""
     from . import dispatch
-    from .graph import Op
 
     n1 = len(g.nodes)
     if n1 <= n0:
@@ -112,7 +111,7 @@ def _composite(name: str, key, g, n0: int, in_refs: list, out):
     scalar_ids = [i for n in nodes[n0:n1] for i in range(n.scalar_lo, n.scalar_lo + n.op.n_scalars)]
     consts = [g.scalars[i] for i in scalar_ids]
     inner = program.build(nodes, range(n0, n1), in_refs, out_refs, scalar_ids)
-    out_avals = [nodes[r >> OUT_BITS].op.out_avals[r & ((1 << OUT_BITS) - 1)] for r in out_refs]
+    out_avals = [nodes[node_of(r)].op.out_avals[out_of(r)] for r in out_refs]
 
     def make():
         def fn(ins, scs):

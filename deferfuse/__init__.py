@@ -17,7 +17,7 @@ from .capture import capture  # noqa: E402
 from .config import CONFIG  # noqa: E402
 from .engine import FlushError  # noqa: E402
 from .executors.base import EagerMode  # noqa: E402
-from .modes import DeferfuseMode, get_default_mode, mode, set_default_mode  # noqa: E402
+from .modes import DeferfuseMode, get_default_mode, mode, run_backward_here, set_default_mode  # noqa: E402
 from .report import explain, report  # noqa: E402  (the name `report` is the function; the package stays importable)
 from .tensor import TpuTensor  # noqa: E402
 
@@ -40,6 +40,7 @@ def _enable_foreach_paths() -> None:
 
 
 _enable_foreach_paths()
+run_backward_here()
 
 __all__ = [
     "mode",

@@ -4,10 +4,12 @@ Outside any block, "tpu" ops run in the default mode (Strict, or as TORCH_TPU_DE
 TORCH_TPU_LAUNCH_BLOCKING say). Inside a block, the mode intercepts every ATen call first: calls
 that touch a tpu tensor or create one go to deferfuse's dispatcher under the block's executor;
 everything else runs as usual. The executor stack is process-wide (not thread-local) because
-PyTorch runs backward on its own device thread.
+PyTorch runs backward on its own device thread in threads that have not turned that off
+(`run_backward_here`).
 """
 from __future__ import annotations
 
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .config import CONFIG
@@ -100,12 +102,17 @@ class DeferfuseMode(TorchDispatchMode):
     def __enter__(self):
         _stack.append(self.executor)
         try:
-            return super().__enter__()
+            out = super().__enter__()
         except BaseException:
             _stack.pop()
             raise
+        # backward inside the block runs on this thread (see `run_backward_here`)
+        self._threaded = _is_multithreading_enabled()
+        _set_multithreading_enabled(False)
+        return out
 
     def __exit__(self, exc_type, exc, tb):
+        _set_multithreading_enabled(self._threaded)
         try:
             super().__exit__(exc_type, exc, tb)
         finally:
@@ -125,6 +132,23 @@ class DeferfuseMode(TorchDispatchMode):
 
     def __repr__(self):
         return f"deferfuse.mode({self.kind.value!r})"
+
+
+_is_multithreading_enabled = torch._C._is_multithreading_enabled
+_set_multithreading_enabled = torch._C._set_multithreading_enabled
+
+
+def run_backward_here() -> None:
+    """Make autograd run backward on the calling thread, as it does for CPU tensors.
+
+    For any other device PyTorch hands backward to a per-device worker thread and the caller
+    waits. deferfuse's ops only record or enqueue work, so that thread buys no parallelism, and
+    each `backward()` pays two thread wake-ups, which cost about 1 ms per call on 2 busy cores
+    (the previous step's program holds them). The setting is PyTorch's own thread-local
+    `torch.autograd.set_multithreading_enabled(False)`: `import deferfuse` applies it to the
+    importing thread and every mode block to its own thread, for the block's duration.
+    """
+    _set_multithreading_enabled(False)
 
 
 def _dispatch(func, args, kwargs):

@@ -1,23 +1,21 @@
-"""`deferfuse.mode(...)`: a TorchDispatchMode that selects the executor for a block of code.
+"""`deferfuse.mode(...)`: select the executor (Strict, Debug, DeferAndFuse) for a block of code.
 
-Outside any block, "tpu" ops run in the default mode (Strict, or as TORCH_TPU_DEFER_AND_FUSE /
-TORCH_TPU_LAUNCH_BLOCKING say). Inside a block, the mode intercepts every ATen call first: calls
-that touch a tpu tensor or create one go to deferfuse's dispatcher under the block's executor;
-everything else runs as usual. The executor stack is process-wide (not thread-local) because
-PyTorch runs backward on its own device thread in threads that have not turned that off
-(`run_backward_here`).
+Every ATen call on a tpu tensor, or one that creates a tpu tensor, reaches deferfuse's dispatcher
+whether or not a block is open; the dispatcher runs it under the innermost block's executor, or
+outside any block under the default one (Strict, or as TORCH_TPU_DEFER_AND_FUSE /
+TORCH_TPU_LAUNCH_BLOCKING say). Calls on CPU tensors never enter deferfuse. The executor stack is
+process-wide (not thread-local) because PyTorch runs backward on its own device thread in threads
+that have not turned that off (`run_backward_here`).
 """
 from __future__ import annotations
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from .config import CONFIG
 from .executors.base import EagerMode, Executor
 from .executors.debug import DebugExecutor
 from .executors.deferred import DeferredExecutor
 from .executors.strict import StrictExecutor
-from .tensor import TpuTensor
 
 EXECUTORS: dict[EagerMode, Executor] = {
     EagerMode.STRICT: StrictExecutor(),
@@ -65,58 +63,32 @@ def get_default_mode() -> EagerMode:
     return _default[0].kind
 
 
-def _touches_tpu(types, args, kwargs) -> bool:
-    if TpuTensor in types:
-        return True
-    dev = kwargs.get("device")
-    if dev is not None and str(dev).startswith("tpu"):
-        return True
-    for a in args:
-        if isinstance(a, (list, tuple)):
-            if any(type(x) is TpuTensor for x in a):
-                return True
-    return False
+class DeferfuseMode:
+    """Context manager selecting Strict, Debug or DeferAndFuse for the code inside it.
 
-
-class DeferfuseMode(TorchDispatchMode):
-    """Context manager selecting Strict, Debug or DeferAndFuse for the code inside it."""
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        # TorchDispatchMode wraps __torch_dispatch__ in torch._disable_dynamo, which costs more
-        # than the rest of our per-op recording; deferfuse's modes are not traced by dynamo.
-        return False
+    It selects an executor and installs nothing in PyTorch's dispatcher: every ATen call on a tpu
+    tensor already reaches deferfuse through `TpuTensor.__torch_dispatch__`, and every call that
+    creates one (`device="tpu"`) through the PrivateUse1 kernels `device.py` registers. A
+    TorchDispatchMode would add nothing but a Python call for every op in the block, CPU ones
+    included (an optimizer's `.item()` on its CPU step counters: about 8 µs each, a hundred per
+    GPT step).
+    """
 
     def __init__(self, kind: "str | EagerMode" = EagerMode.DEFER_AND_FUSE):
-        super().__init__()
         self.kind = as_mode(kind)
         self.executor = EXECUTORS[self.kind]
+        self._threaded = True
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if kwargs is None:
-            kwargs = {}
-        if TpuTensor in types or _touches_tpu(types, args, kwargs):
-            return _dispatch(func, args, kwargs)
-        return func(*args, **kwargs)
-
-    def __enter__(self):
+    def __enter__(self) -> "DeferfuseMode":
         _stack.append(self.executor)
-        try:
-            out = super().__enter__()
-        except BaseException:
-            _stack.pop()
-            raise
         # backward inside the block runs on this thread (see `run_backward_here`)
         self._threaded = _is_multithreading_enabled()
         _set_multithreading_enabled(False)
-        return out
+        return self
 
     def __exit__(self, exc_type, exc, tb):
         _set_multithreading_enabled(self._threaded)
-        try:
-            super().__exit__(exc_type, exc, tb)
-        finally:
-            _stack.pop()
+        _stack.pop()
         if exc_type is None:
             self.executor.on_exit()
         else:
@@ -149,13 +121,6 @@ def run_backward_here() -> None:
     importing thread and every mode block to its own thread, for the block's duration.
     """
     _set_multithreading_enabled(False)
-
-
-def _dispatch(func, args, kwargs):
-    from .dispatch import dispatch
-
-    globals()["_dispatch"] = dispatch
-    return dispatch(func, args, kwargs)
 
 
 def mode(kind: "str | EagerMode" = EagerMode.DEFER_AND_FUSE) -> DeferfuseMode:

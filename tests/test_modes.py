@@ -261,3 +261,19 @@ def test_backward_runs_on_the_calling_thread(mode):
     run(results)  # the importing thread runs backward here outside blocks too
     seen, caller, before, _, after = results[1]
     assert seen == [caller] and not before and not after
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_cpu_ops_inside_a_block_run_untouched(mode):
+    """A block selects the executor for tpu ops; CPU ops in it must behave exactly as outside.
+    PyTorch's matrix_rank(out=) leaves `out` unwritten whenever any dispatch mode is active, so
+    this fails if the block ever installs one."""
+    a = torch.randn(5, 5, dtype=torch.float64)
+    out = torch.full((), -1, dtype=torch.int64)
+    before = deferfuse.metrics()["ops_recorded"]
+    with deferfuse.mode(mode):
+        torch.linalg.matrix_rank(a, out=out)
+        s = (a * 2).sum().item()
+    assert out.item() == torch.linalg.matrix_rank(a).item()
+    assert s == (a * 2).sum().item()
+    assert deferfuse.metrics()["ops_recorded"] == before

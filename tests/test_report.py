@@ -178,6 +178,11 @@ def test_mlp_example_steady_state(cli_runs):
     assert fu["fusion_ratio"] > 10 and fu["largest_programs"][0]["ops"] > 20
     assert rep["dag"] and len(rep["dag"]["nodes"]) == fu["largest_programs"][0]["ops"]
     assert len(text.render(rep).splitlines()) <= 50  # one screen
+    # mse_loss has no lowering: after its first call its learned expansion is one node per call
+    replayed = {x["op"]: x["count"] for x in fu["decompositions_replayed"]}
+    assert replayed.get("aten.mse_loss.default", 0) >= 10
+    assert replayed == rep["counters"]["decompositions_replayed"]
+    assert "decomposed ops recorded as one node: aten.mse_loss" in text.render(rep)
 
 
 def test_gpt_example_item_is_the_main_sync_point(cli_runs):

@@ -394,6 +394,12 @@ def _fusion(compiles: list[dict], flushes: list[dict], m: dict, loc: _Locator) -
         "largest_programs": largest,
         "largest_programs_omitted": omitted,
         "breaks": [{"why": k, "count": v} for k, v in sorted(breaks.items(), key=lambda kv: (-kv[1], kv[0]))],
+        # calls to decomposed ops (no lowering of their own) recorded as one node each from a kept
+        # expansion instead of re-entering the dispatcher with their smaller ops
+        "decompositions_replayed": [
+            {"op": op, "count": k}
+            for op, k in sorted(m.get("decompositions_replayed", {}).items(), key=lambda kv: (-kv[1], kv[0]))
+        ],
     }
 
 

@@ -287,6 +287,9 @@ def render(rep: dict[str, Any], top: int = 5) -> str:
     p.append(html_table(["ops", "programs", "runs", "flushed at", "ops"],
                         [[x["ops"], x["programs"], x["runs"], _where(x), _ops(x["op_counts"])] for x in fu["largest_programs"][:top]],
                         code_col=4))
+    if fu.get("decompositions_replayed"):
+        p.append("<p>Decomposed ops recorded as one node (their expansion was learned once):</p>")
+        p.append(html_table(["op", "calls"], [[x["op"], x["count"]] for x in fu["decompositions_replayed"][:top]]))
 
     dag = rep.get("dag")
     p.append("<h2>Largest flushed DAG</h2>")

@@ -145,6 +145,9 @@ def render(rep: dict[str, Any], top: int = 5, color: bool = False) -> str:
         rows = [[p["ops"], p["programs"], p["runs"], _where(p), _ops_line(p["op_counts"], 60)]
                 for p in fu["largest_programs"][: min(top, 3)]]
         lines += table(["ops", "programs", "runs", "recorded at", "largest flushes' ops"], rows)
+    if fu.get("decompositions_replayed"):
+        lines.append("  decomposed ops recorded as one node: " + ", ".join(
+            f"{x['op']} {x['count']}" for x in fu["decompositions_replayed"][:top]))
 
     progs = rep["programs_by_time"]
     if progs:

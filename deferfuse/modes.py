@@ -77,17 +77,17 @@ class DeferfuseMode:
     def __init__(self, kind: "str | EagerMode" = EagerMode.DEFER_AND_FUSE):
         self.kind = as_mode(kind)
         self.executor = EXECUTORS[self.kind]
-        self._threaded = True
+        self._threaded: list[bool] = []  # per nested entry of this object
 
     def __enter__(self) -> "DeferfuseMode":
         _stack.append(self.executor)
         # backward inside the block runs on this thread (see `run_backward_here`)
-        self._threaded = _is_multithreading_enabled()
+        self._threaded.append(_is_multithreading_enabled())
         _set_multithreading_enabled(False)
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        _set_multithreading_enabled(self._threaded)
+        _set_multithreading_enabled(self._threaded.pop())
         _stack.pop()
         if exc_type is None:
             self.executor.on_exit()

@@ -20,13 +20,18 @@ _INTERNAL_PREFIXES = tuple(
         sysconfig.get_paths()["stdlib"] + os.sep,
     }
 )
-_is_internal: dict = {}
+# id(code) -> whether it is internal. Keyed by id because hashing a code object hashes its
+# bytecode and constants (about 1 µs for a large function such as Module._call_impl, per frame per
+# op); `_held` keeps every classified code object alive, so no id is reused for another.
+_is_internal: dict[int, bool] = {}
+_held: list = []
 
 
 def _classify(code) -> bool:
     fn = code.co_filename
     hit = fn.startswith(_INTERNAL_PREFIXES) or fn.startswith("<frozen")
-    _is_internal[code] = hit
+    _held.append(code)
+    _is_internal[id(code)] = hit
     return hit
 
 
@@ -41,7 +46,7 @@ def user_frame(depth: int = 2):
     get = _is_internal.get
     while f is not None:
         code = f.f_code
-        hit = get(code)
+        hit = get(id(code))
         if hit is None:
             hit = _classify(code)
         if not hit:
@@ -72,7 +77,7 @@ def user_frame_of(f):
     get = _is_internal.get
     while f is not None:
         code = f.f_code
-        hit = get(code)
+        hit = get(id(code))
         if hit is None:
             hit = _classify(code)
         if not hit:

@@ -294,7 +294,7 @@ def route_view(func, args, kwargs):
     if not kwargs and type(base) is TpuTensor:
         lay = base._lay
         st = base._st
-        vkey = [func, base._lid, st.shape, 0 if lay is None else lay[1]]
+        vkey = [func._df.fid, base._lid, st.shape, 0 if lay is None else lay[1]]
         for a in args[1:]:
             ta = type(a)
             if ta is int or a is None:

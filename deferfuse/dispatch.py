@@ -285,16 +285,15 @@ def _meta_args(args, kwargs):
 
 
 def route_view(func, args, kwargs):
-    base = args[0]
     # What each output is (size, stride, dtype, layout id, read plan) depends only on the op, its
     # static arguments, the base's layout and where the base sits in its storage: worked out once,
     # then found under a key made straight from the arguments when they are ints and int lists
     # (every view a model makes per step), without the general signature walk.
-    vkey = None
+    base = args[0]
+    vkey = made = None
     if not kwargs and type(base) is TpuTensor:
         lay = base._lay
-        st = base._st
-        vkey = [func._df.fid, base._lid, st.shape, 0 if lay is None else lay[1]]
+        vkey = [func._df.fid, base._lid, base._st.shape, 0 if lay is None else lay[1]]
         for a in args[1:]:
             ta = type(a)
             if ta is int or a is None:
@@ -307,9 +306,18 @@ def route_view(func, args, kwargs):
         if vkey is not None:
             vkey = tuple(vkey)
             made = _VIEW_OUTS.get(vkey)
-            if made is not None:
-                res = [new_tensor(st, size, stride, dtype, lid, vlay) for size, stride, dtype, lid, vlay in made[0]]
-                return res[0] if made[1] == "t" else unflatten_outputs(res, made[1])
+    if made is None:
+        base, made = _view_outputs(func, args, kwargs, vkey)
+        if made is None:
+            return _copying_view(func, args, kwargs)
+    st = base._st
+    res = [new_tensor(st, size, stride, dtype, lid, vlay) for size, stride, dtype, lid, vlay in made[0]]
+    return res[0] if made[1] == "t" else unflatten_outputs(res, made[1])
+
+
+def _view_outputs(func, args, kwargs, vkey):
+    """(base, outputs) of a view not seen before under `vkey` (or any view whose arguments make
+    no direct key); outputs None for a view that reinterprets the dtype."""
     spec = func._df.spec or spec_of(func)
     key, tensors, _ = signature(spec, args, kwargs)
     outs = _VIEWS.get(key)
@@ -323,23 +331,22 @@ def route_view(func, args, kwargs):
         _VIEWS[key] = outs
     base = tensors[0]
     st = base._st
-    lay = base._lay
-    off = 0 if lay is None else lay[1]
+    off = offset_of(base)
     if vkey is None:
         vkey = (key, st.shape, off)
-    made = _VIEW_OUTS.get(vkey)
-    if made is None:
-        if any(o[3] != base.dtype for o in outs[0]):
-            return _copying_view(func, args, kwargs)
-        if len(_VIEW_OUTS) > 200_000:  # offsets that never repeat (a growing KV cache's views)
-            _VIEW_OUTS.clear()
-        made = _VIEW_OUTS[vkey] = (
-            [(size, stride, dtype, layout_id(size, stride, dtype), tensor.layout_for(st, size, stride, off + delta))
-             for size, stride, delta, dtype in outs[0]],
-            outs[1],
-        )
-    res = [new_tensor(st, size, stride, dtype, lid, vlay) for size, stride, dtype, lid, vlay in made[0]]
-    return res[0] if made[1] == "t" else unflatten_outputs(res, made[1])
+        made = _VIEW_OUTS.get(vkey)
+        if made is not None:
+            return base, made
+    if any(o[3] != base.dtype for o in outs[0]):
+        return base, None
+    if len(_VIEW_OUTS) > 200_000:  # offsets that never repeat (a growing KV cache's views)
+        _VIEW_OUTS.clear()
+    made = _VIEW_OUTS[vkey] = (
+        [(size, stride, dtype, layout_id(size, stride, dtype), tensor.layout_for(st, size, stride, off + delta))
+         for size, stride, delta, dtype in outs[0]],
+        outs[1],
+    )
+    return base, made
 
 
 _VIEW_OUTS: dict[tuple, tuple] = {}

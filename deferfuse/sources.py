@@ -42,16 +42,9 @@ def user_frame(depth: int = 2):
     (long-lived, free to hold, unlike the frame and its locals) and the instruction offset. The
     line number is worked out only when a message or report needs it.
     """
-    f = sys._getframe(depth)
-    get = _is_internal.get
-    while f is not None:
-        code = f.f_code
-        hit = get(id(code))
-        if hit is None:
-            hit = _classify(code)
-        if not hit:
-            return (code, f.f_lasti)
-        f = f.f_back
+    where = user_frame_of(sys._getframe(depth))
+    if where is not None:
+        return where
     if threading.current_thread() is not _MAIN:
         # PyTorch runs backward on its own thread while the main thread waits inside
         # `loss.backward()`: attribute the op to that line, found once per backward call (the
@@ -62,7 +55,7 @@ def user_frame(depth: int = 2):
         if task >= 0 and cached[0] == task:
             return cached[1]
         main = sys._current_frames().get(_MAIN.ident)
-        where = (user_frame_of(main) or _AUTOGRAD) if main is not None and main is not f else _AUTOGRAD
+        where = (user_frame_of(main) or _AUTOGRAD) if main is not None else _AUTOGRAD
         if task >= 0:
             _TASK[0] = (task, where)
         return where

@@ -15,6 +15,7 @@ Routes, tried in this order when an overload is first seen (the choice is cached
 """
 from __future__ import annotations
 
+import sys
 import time
 import weakref
 from typing import Any, Callable
@@ -90,7 +91,7 @@ def dispatch(func, args: tuple, kwargs: dict):
     if ex.checks_before:
         ex.before_op(func, args, kwargs)
     if _SOURCE_LINES and route is not route_view and route is not route_alias:  # views record nothing
-        _STATE.where = _user_frame(2)
+        _STATE.where = _user_frame_of(_getframe(1)) or _user_frame(2)
     _EAGER_NOW[0] = ex.runs_eagerly and not _TIMING[0]
     if _TIMING[0]:
         return _timed(ex, route, func, args, kwargs)
@@ -194,6 +195,8 @@ _stack = modes._stack
 _default = modes._default
 _SOURCE_LINES = CONFIG.source_lines
 _user_frame = sources.user_frame
+_user_frame_of = sources.user_frame_of  # the common case of user_frame, one call less per op
+_getframe = sys._getframe
 _TIMING = events.TIMING
 
 
@@ -208,14 +211,17 @@ def emit(r: Recipe, tensors, scalars):
         if out is not None:
             return out
     g, base = _record(op, tensors, scalars)
+    if r.spec_out == "t":  # one tensor out, most ops
+        size, stride, dtype, lid, phys, lay = r.outs[0]
+        st = Storage(None, phys, dtype, g, base)
+        g.storages.append(_weakref(st))
+        return new_tensor(st, size, stride, dtype, lid, lay)
     out = []
     track = g.storages.append
     for k, (size, stride, dtype, lid, phys, lay) in enumerate(r.outs):
         st = Storage(None, phys, dtype, g, base | k)
         track(_weakref(st))
         out.append(new_tensor(st, size, stride, dtype, lid, lay))
-    if r.spec_out == "t":
-        return out[0]
     return unflatten_outputs(out, r.spec_out)
 
 

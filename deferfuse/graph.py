@@ -25,7 +25,7 @@ class Op:
     (physical shape, jax dtype) of each output. `host=True` ops run on CPU between programs.
     """
 
-    __slots__ = ("id", "name", "fn", "out_avals", "n_scalars", "host", "family", "key", "__weakref__")
+    __slots__ = ("id", "name", "fn", "out_avals", "n_scalars", "host", "family", "key", "shape_hash", "__weakref__")
     _interned: dict[Any, "Op"] = {}
 
     def __init__(self, key, name, fn, out_avals, n_scalars, host=False, family="other"):
@@ -37,6 +37,9 @@ class Op:
         self.host = host
         self.family = family
         self.id = len(Op._interned)
+        # the period detector's view of an op's result: its first output's shape (worked out
+        # once here rather than hashed per recorded op)
+        self.shape_hash = hash(out_avals[0][0]) if out_avals else 0
 
     @classmethod
     def intern(cls, key, make: Callable[[], "Op"]) -> "Op":

@@ -21,6 +21,8 @@ from .. import engine, sources
 from ..config import CONFIG
 from .base import EagerMode, Executor
 
+_STREAM = engine.STREAM
+
 
 class DeferredExecutor(Executor):
     kind = EagerMode.DEFER_AND_FUSE
@@ -31,8 +33,9 @@ class DeferredExecutor(Executor):
         The detector sees one hash per top-level op that recorded anything, so cuts always fall
         between user-visible ops, never inside one.
         """
-        stream = engine.STREAM
-        n = len(stream.graph.nodes)
+        stream = _STREAM
+        nodes = stream.graph.nodes
+        n = len(nodes)
         added = n - stream.pushed
         if not added:
             return
@@ -43,16 +46,16 @@ class DeferredExecutor(Executor):
         # offsets, which change every iteration of a loop writing a KV cache. Not how many nodes
         # it added: the first iteration after a flush records again the view reads the previous
         # iterations shared, and must not break the period.
-        avals = stream.graph.nodes[-1].op.out_avals
-        p = period.push(hash((func._df.fid, avals[0][0] if avals else None)), added)
-        block = CONFIG.fuse_block_ops
-        if p and (
-            (period.stretch >= CONFIG.period_min_ops <= n and p < block and period.nodes_in(p) < block)
-            or (period.longest and period.nodes_in(period.longest) >= block
-                and period.nodes_in(period.longest_span) >= min(n, CONFIG.step_min_ops))
-        ):
-            engine.flush("repeated_op_heuristic", stream.where)
-        elif n >= CONFIG.max_pending:
+        p = period.push((func._df.fid << 32) ^ nodes[-1].op.shape_hash, added)
+        if p:
+            block = CONFIG.fuse_block_ops
+            if (period.stretch >= CONFIG.period_min_ops <= n and p < block and period.nodes_in(p) < block) or (
+                period.longest and period.nodes_in(period.longest) >= block
+                and period.nodes_in(period.longest_span) >= min(n, CONFIG.step_min_ops)
+            ):
+                engine.flush("repeated_op_heuristic", stream.where)
+                return
+        if n >= CONFIG.max_pending:
             engine.flush("size_cap", stream.where)
 
     def on_exit(self) -> None:

@@ -1,0 +1,121 @@
+"""`F.linear` as one node forward and one node backward.
+
+`aten::linear` is CompositeImplicitAutograd: PyTorch expands it above the dispatcher into a
+transpose, a reshape and a matrix product (`t` + `addmm`, or `view` + `t` + `mm` + `_unsafe_view`
++ `add` for a 3-D input), and autograd records a node for each, whose backward is again half a
+dozen ops. Every one of those is a Python dispatch deferfuse pays for on the host: in bench's GPT
+step, its 17 linear layers were about a third of all ops. Claimed at its autograd key for "tpu"
+tensors (as `attention.py` does for attention), a linear layer is `deferfuse::linear` forward and
+`deferfuse::linear_backward` backward, each lowered to JAX; the backward is the VJP of the
+forward, so the two cannot drift apart.
+
+Only the plain case is claimed: real floating tensors (float32/float64) of one dtype, all on
+"tpu", a 2-D weight, a 1-D bias or none, matching sizes. Anything else (other dtypes, mixed
+devices, shape errors, forward-mode AD) goes to PyTorch's own expansion, which computes or raises
+exactly as before. With `create_graph=True` the backward rebuilds PyTorch's expansion and
+differentiates it, so higher-order gradients are PyTorch's own.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import torch
+import torch.autograd.forward_ad as _fwad
+
+from .registry import lowering
+
+_lib = torch.library.Library("deferfuse", "FRAGMENT")
+_lib.define("linear(Tensor x, Tensor w, Tensor? b) -> Tensor")
+_lib.define("linear_backward(Tensor grad, Tensor x, Tensor w, Tensor? b) -> (Tensor, Tensor, Tensor)")
+LINEAR = torch.ops.deferfuse.linear.default
+LINEAR_BACKWARD = torch.ops.deferfuse.linear_backward.default
+
+
+@torch.library.register_fake("deferfuse::linear")
+def _linear_fake(x, w, b):
+    return x.new_empty(tuple(x.shape[:-1]) + (w.shape[0],))
+
+
+@torch.library.register_fake("deferfuse::linear_backward")
+def _linear_backward_fake(grad, x, w, b):
+    return x.new_empty(x.shape), w.new_empty(w.shape), w.new_empty((w.shape[0],))
+
+
+def _forward(x, w, b):
+    y = jnp.matmul(x, w.T)
+    return y if b is None else y + b
+
+
+@lowering(LINEAR, family="matmul")
+def linear(x, w, b):
+    return _forward(x, w, b)
+
+
+@lowering(LINEAR_BACKWARD, family="matmul")
+def linear_backward(grad, x, w, b):
+    if b is None:
+        _, vjp = jax.vjp(lambda x_, w_: _forward(x_, w_, None), x, w)
+        gx, gw = vjp(grad.astype(x.dtype))
+        return gx, gw, jnp.sum(grad, axis=tuple(range(grad.ndim - 1)))
+    _, vjp = jax.vjp(_forward, x, w, b)
+    return vjp(grad.astype(x.dtype))
+
+
+_composite = torch.ops.aten.linear.default
+
+
+class _Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(x, w, b):
+        return LINEAR(x, w, b)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w, b = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        if torch.is_grad_enabled():  # create_graph=True: PyTorch's expansion, differentiable again
+            return _differentiable_backward(grad, x, w, b, need)
+        gx, gw, gb = LINEAR_BACKWARD(grad, x, w, b)
+        return gx if need[0] else None, gw if need[1] else None, gb if need[2] else None
+
+
+def _differentiable_backward(grad, x, w, b, need):
+    inputs = [t for t, n in zip((x, w, b), need) if n]
+    out = _composite.decompose(x, w, b)
+    grads = iter(torch.autograd.grad(out, inputs, grad, create_graph=True, allow_unused=True))
+    return tuple(next(grads) if n else None for n in need)
+
+
+_TPU = None
+_CLAIMED = (torch.float32, torch.float64)
+
+
+def _claimable(x, w, b) -> bool:
+    global _TPU
+    if _TPU is None:
+        from ..tensor import TpuTensor
+
+        _TPU = TpuTensor
+    tpu = _TPU
+    if type(x) is not tpu or type(w) is not tpu or (b is not None and type(b) is not tpu):
+        return False
+    dt = x.dtype
+    if dt not in _CLAIMED or w.dtype is not dt or w.dim() != 2 or x.dim() < 1 or x.shape[-1] != w.shape[1]:
+        return False
+    if b is not None and (b.dtype is not dt or b.dim() != 1 or b.shape[0] != w.shape[0]):
+        return False
+    return _fwad._current_level < 0  # forward-mode AD needs PyTorch's own formulas
+
+
+def _linear_autograd(x, w, b=None):
+    if not _claimable(x, w, b):
+        return _composite.decompose(x, w, b)
+    return _Linear.apply(x, w, b)
+
+
+_impl = torch.library.Library("aten", "IMPL")
+_impl.impl("linear", _linear_autograd, "AutogradPrivateUse1")

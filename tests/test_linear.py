@@ -85,3 +85,29 @@ def test_unclaimed_calls_behave_as_before():
     check_all_modes(fn, atol=1e-2, rtol=1e-2)
     with pytest.raises(RuntimeError):
         F.linear(torch.randn(2, 5).to("tpu"), torch.randn(3, 4).to("tpu"))
+
+
+_MIXED = {
+    "mm": (torch.mm, [(2, 3), (3, 4)], 1),
+    "mv": (torch.mv, [(2, 3), (3,)], 1),
+    "addmm": (torch.addmm, [(2, 4), (2, 3), (3, 4)], 0),
+    "addbmm": (torch.addbmm, [(2, 4), (2, 2, 3), (2, 3, 4)], 1),
+    "matmul": (torch.matmul, [(2, 3), (3, 4)], 1),
+    "linear": (F.linear, [(2, 4), (3, 4)], 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_MIXED))
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_matrix_products_refuse_mixed_dtypes_like_cpu(name, mode):
+    """The meta kernels promote float32 @ float64; CPU raises, and so must tpu (not compute)."""
+    fn, shapes, odd = _MIXED[name]
+    args = [torch.ones(s, dtype=torch.float64 if k == odd else torch.float32) for k, s in enumerate(shapes)]
+    with pytest.raises(RuntimeError) as cpu:
+        fn(*args)
+    with deferfuse.mode(mode):
+        pending = torch.ones(3, device="tpu") * 2
+        with pytest.raises(RuntimeError) as tpu:
+            fn(*[a.to("tpu") for a in args])
+        assert pending.sum().item() == 6.0
+    assert str(tpu.value) == str(cpu.value)

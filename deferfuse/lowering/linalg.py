@@ -8,6 +8,7 @@ value at trace time; they are almost always 1.
 from __future__ import annotations
 
 import jax.numpy as jnp
+import torch
 from jax import lax
 
 from ..dtypes import to_jax_dtype, HALF as _HALF
@@ -18,17 +19,30 @@ def _mm(a, b):
     return jnp.matmul(a, b)
 
 
-@lowering(aten.mm.default, family="matmul", promote="default")
+def _check(op):
+    """CPU's matrix products refuse operands of different dtypes, where their meta kernels (and
+    jnp.matmul) promote. A meta_fix, so it runs once per signature: on a mismatch the op runs on
+    CPU over all-ones tensors of the operands' ranks and dtypes, which raises CPU's own error."""
+    def same_dtypes(args, kwargs, leaves):
+        if len({a.dtype for a in args if isinstance(a, torch.Tensor)}) > 1:
+            op(*[torch.ones((1,) * a.dim(), dtype=a.dtype) if isinstance(a, torch.Tensor) else a for a in args],
+               **kwargs)
+        return leaves
+
+    return same_dtypes
+
+
+@lowering(aten.mm.default, family="matmul", promote="default", meta_fix=_check(aten.mm.default))
 def mm(a, b):
     return _mm(a, b)
 
 
-@lowering(aten.bmm.default, family="matmul", promote="default")
+@lowering(aten.bmm.default, family="matmul", promote="default", meta_fix=_check(aten.bmm.default))
 def bmm(a, b):
     return _mm(a, b)
 
 
-@lowering(aten.mv.default, family="matmul", promote="default")
+@lowering(aten.mv.default, family="matmul", promote="default", meta_fix=_check(aten.mv.default))
 def mv(a, v):
     return _mm(a, v)
 
@@ -55,22 +69,26 @@ def _rounder(ctx):
     return lambda v: v
 
 
-@lowering(aten.addmm.default, family="matmul", promote="default", static=("beta", "alpha"))
+@lowering(aten.addmm.default, family="matmul", promote="default", static=("beta", "alpha"),
+          meta_fix=_check(aten.addmm.default))
 def addmm(self, mat1, mat2, *, beta=1, alpha=1):
     return _scaled(_mm(mat1, mat2), self, beta, alpha)
 
 
-@lowering(aten.baddbmm.default, family="matmul", promote="default", static=("beta", "alpha"))
+@lowering(aten.baddbmm.default, family="matmul", promote="default", static=("beta", "alpha"),
+          meta_fix=_check(aten.baddbmm.default))
 def baddbmm(self, b1, b2, *, beta=1, alpha=1):
     return _scaled(_mm(b1, b2), self, beta, alpha)
 
 
-@lowering(aten.addmv.default, family="matmul", promote="default", static=("beta", "alpha"))
+@lowering(aten.addmv.default, family="matmul", promote="default", static=("beta", "alpha"),
+          meta_fix=_check(aten.addmv.default))
 def addmv(self, mat, vec, *, beta=1, alpha=1):
     return _scaled(_mm(mat, vec), self, beta, alpha)
 
 
-@lowering(aten.addbmm.default, family="matmul", promote="default", static=("beta", "alpha"), ctx=True)
+@lowering(aten.addbmm.default, family="matmul", promote="default", static=("beta", "alpha"), ctx=True,
+          meta_fix=_check(aten.addbmm.default))
 def addbmm(ctx, self, b1, b2, *, beta=1, alpha=1):
     """CPU runs one addmm_ per batch into the result, so a half-type result is rounded after each
     batch's product is added; other dtypes sum the products at once."""

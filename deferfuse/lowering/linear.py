@@ -1,19 +1,19 @@
 """`F.linear` as one node forward and one node backward.
 
 `aten::linear` is CompositeImplicitAutograd: PyTorch expands it above the dispatcher into a
-transpose, a reshape and a matrix product (`t` + `addmm`, or `view` + `t` + `mm` + `_unsafe_view`
-+ `add` for a 3-D input), and autograd records a node for each, whose backward is again half a
-dozen ops. Every one of those is a Python dispatch deferfuse pays for on the host: in bench's GPT
-step, its 17 linear layers were about a third of all ops. Claimed at its autograd key for "tpu"
-tensors (as `attention.py` does for attention), a linear layer is `deferfuse::linear` forward and
-`deferfuse::linear_backward` backward, each lowered to JAX; the backward is the VJP of the
-forward, so the two cannot drift apart.
+transpose and a matrix product (`t` + `addmm`, with reshapes around it for a 3-D input), and
+autograd records a node for each, whose backward is again half a dozen ops (`t`, `mm`, `mm`,
+`sum`, views). Every one of those is a Python dispatch deferfuse pays for on the host: in bench's
+GPT step, its 17 linear layers made about 40 % of all dispatches. Claimed at its autograd key for
+"tpu" tensors (as `attention.py` does for attention), a linear layer is `deferfuse::linear`
+forward and `deferfuse::linear_backward` backward, each lowered to JAX; the backward is the VJP
+of the forward, so the two cannot drift apart.
 
 Only the plain case is claimed: real floating tensors (float32/float64) of one dtype, all on
 "tpu", a 2-D weight, a 1-D bias or none, matching sizes. Anything else (other dtypes, mixed
-devices, shape errors, forward-mode AD) goes to PyTorch's own expansion, which computes or raises
-exactly as before. With `create_graph=True` the backward rebuilds PyTorch's expansion and
-differentiates it, so higher-order gradients are PyTorch's own.
+devices, shape errors, forward-mode AD, functorch transforms) goes to PyTorch's own expansion,
+which computes or raises exactly as before. With `create_graph=True` the backward rebuilds
+PyTorch's expansion and differentiates it, so higher-order gradients are PyTorch's own.
 """
 from __future__ import annotations
 
@@ -65,13 +65,13 @@ _composite = torch.ops.aten.linear.default
 
 
 class _Linear(torch.autograd.Function):
+    # The old-style signature (forward takes ctx): with a separate setup_context, Function.apply
+    # binds the arguments through inspect.signature on every call, about 70 µs here. functorch
+    # transforms need the new style, so `_claimable` leaves calls under them to PyTorch.
     @staticmethod
-    def forward(x, w, b):
+    def forward(ctx, x, w, b):
+        ctx.save_for_backward(x, w, b)
         return LINEAR(x, w, b)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*inputs)
 
     @staticmethod
     def backward(ctx, grad):
@@ -91,6 +91,7 @@ def _differentiable_backward(grad, x, w, b, need):
 
 
 _TPU = None
+_functorch_active = torch._C._are_functorch_transforms_active
 _CLAIMED = (torch.float32, torch.float64)
 
 
@@ -108,7 +109,8 @@ def _claimable(x, w, b) -> bool:
         return False
     if b is not None and (b.dtype is not dt or b.dim() != 1 or b.shape[0] != w.shape[0]):
         return False
-    return _fwad._current_level < 0  # forward-mode AD needs PyTorch's own formulas
+    # forward-mode AD needs PyTorch's own formulas, functorch transforms a new-style Function
+    return _fwad._current_level < 0 and not _functorch_active()
 
 
 def _linear_autograd(x, w, b=None):

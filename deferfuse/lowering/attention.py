@@ -97,7 +97,9 @@ _composite = torch.ops.aten.scaled_dot_product_attention.default
 
 
 def _sdpa_autograd(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    if dropout_p and dropout_p > 0.0:
+    # dropout needs one mask shared by forward and backward; functorch transforms (torch.func.grad,
+    # vmap) need a new-style Function, which costs an inspect.signature bind per call
+    if dropout_p and dropout_p > 0.0 or torch._C._are_functorch_transforms_active():
         return _composite.decompose(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
     mask = attn_mask
     if mask is not None and mask.dtype == torch.uint8:

@@ -15,7 +15,7 @@ from . import cache, events, sources, views
 from .config import CONFIG
 from .dtypes import to_jax_dtype
 from .events import METRICS
-from .graph import OUT_BITS, Graph, Node, Op, PeriodDetector, _new_node
+from .graph import OUT_BITS, Graph, Op, PeriodDetector
 from .tensor import LAYOUTS, Storage, TpuTensor, layout_for, new_tensor
 
 
@@ -46,17 +46,7 @@ def where():
 # --- internal ops: view reads/writes and uninitialised memory ------------------------------
 
 
-_READ_OPS: dict[tuple, Op] = {}  # (plan, dtype) -> its read Op, without building a closure per read
-
-
 def _read_op(plan, shape, dtype) -> Op:
-    op = _READ_OPS.get((plan, dtype))
-    if op is None:
-        op = _READ_OPS[(plan, dtype)] = _make_read_op(plan, shape, dtype)
-    return op
-
-
-def _make_read_op(plan, shape, dtype) -> Op:
     zero = plan[0] == "empty" or plan[-1]
     jd = to_jax_dtype(dtype)
 
@@ -145,17 +135,9 @@ def record(op: Op, tensors, scalars) -> tuple[Graph, int]:
     for t in tensors:  # tensor_ref, its common case inline: a whole tensor pending here
         st = t._st
         refs.append(st.ref if st.graph is g and t._lay is None else tensor_ref(g, t))
-    refs = tuple(refs)
-    # Graph.add, inline: this runs once per recorded op
-    nodes = g.nodes
-    idx = len(nodes)
-    lo = len(g.scalars)
-    if scalars:
-        g.scalars.extend(scalars)
-    nodes.append(_new_node(Node, (op, refs, lo, STREAM.where)))
-    g.sig.append((op.id, refs))
+    base = g.add(op, tuple(refs), scalars, STREAM.where)
     METRICS.ops_recorded += 1
-    return g, idx << OUT_BITS
+    return g, base
 
 
 def write(t: TpuTensor, new_ref: int, g: Graph) -> None:

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import torch
 import torch.autograd.forward_ad as _fwad
 
+from ..tensor import TpuTensor
 from .registry import lowering
 
 _lib = torch.library.Library("deferfuse", "FRAGMENT")
@@ -90,18 +91,12 @@ def _differentiable_backward(grad, x, w, b, need):
     return tuple(next(grads) if n else None for n in need)
 
 
-_TPU = None
 _functorch_active = torch._C._are_functorch_transforms_active
 _CLAIMED = (torch.float32, torch.float64)
 
 
 def _claimable(x, w, b) -> bool:
-    global _TPU
-    if _TPU is None:
-        from ..tensor import TpuTensor
-
-        _TPU = TpuTensor
-    tpu = _TPU
+    tpu = TpuTensor
     if type(x) is not tpu or type(w) is not tpu or (b is not None and type(b) is not tpu):
         return False
     dt = x.dtype

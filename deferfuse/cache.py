@@ -12,6 +12,7 @@ DEFERFUSE_CACHE_DIR.
 """
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -63,7 +64,7 @@ class Plan:
     def __init__(self, key_hash: int):
         self.key_hash = key_hash
         self.steps: list[Step] = []
-        self.single = None  # the jitted program when the flush is one group over all inputs
+        self.single: Single | None = None  # the program when the flush is one group over all inputs
         self.n_internal = 0
         self.bytes_internal = 0
         self.bytes_out = 0
@@ -83,7 +84,9 @@ class Plan:
     def _run(self, g: Graph, out_refs: tuple) -> list:
         if self.single is not None:
             METRICS.execute_calls += 1
-            return self.single(g.inputs, g.scalars)
+            if g.sources is not None:  # capturing: the replays keep reading these inputs
+                return self.single(g.inputs, g.scalars)
+            return self.single.run(g.inputs, g.scalars)
         env: dict[int, Any] = {-(i + 1): a for i, a in enumerate(g.inputs)}
         for step in self.steps:
             grp = step.group
@@ -96,6 +99,7 @@ class Plan:
                     env[base | k] = o
             else:
                 METRICS.execute_calls += 1
+                _RAN.add(step.fn)
                 scs = [g.scalars[i] for i in step.scalar_ids]
                 for r, o in zip(grp.out_refs, step.fn(ins, scs)):
                     env[r] = o
@@ -126,6 +130,9 @@ def configure_persistent_cache() -> None:
 def clear() -> None:
     _PLANS.clear()
     _GROUP_PROGRAMS.clear()
+    _RAW.clear()
+    _DONATING.clear()
+    _RAN.clear()
     _LAST_AT_SITE.clear()
 
 
@@ -151,8 +158,18 @@ def execute(g: Graph, out_refs: tuple, cause: str, where) -> tuple[list, Plan, b
         if prev is not None and (events.collecting() or CONFIG.log):
             why = explain_miss(prev, key, g)
         _LAST_AT_SITE[site] = key
+    single = plan.single
+    variants = single.compiled if single is not None else 0
     t0 = time.perf_counter()
     results = plan.run(g, out_refs)
+    if hit and single is not None and single.compiled != variants:
+        # a cached plan met a new donation pattern: that is one more XLA compile
+        hit = False
+        METRICS.cache_hits -= 1
+        METRICS.cache_misses += 1
+        site = where if where is not None else cause
+        prev = key  # a recompile at this site
+        why = {"what": "donation", "inputs": len(g.inputs)}
     if not hit:
         dt = time.perf_counter() - t0
         METRICS.compile_seconds += dt
@@ -214,34 +231,153 @@ def _build(g: Graph, out_refs: tuple, key: Key, block_ops: int | None = None) ->
 _GROUP_PROGRAMS: dict[tuple, Any] = {}
 
 
-def _group_program(g: Graph, grp, scalar_ids) -> Any:
-    key = group_key(g, grp)
+def _group_program(g: Graph, grp, scalar_ids, key: tuple | None = None) -> Any:
+    if key is None:
+        key = group_key(g, grp)
     fn = _GROUP_PROGRAMS.get(key)
     if fn is None:
-        fn = _GROUP_PROGRAMS[key] = jax.jit(program.build(g.nodes, grp.nodes, grp.in_refs, grp.out_refs, scalar_ids))
+        raw = program.build(g.nodes, grp.nodes, grp.in_refs, grp.out_refs, scalar_ids)
+        fn = _GROUP_PROGRAMS[key] = jax.jit(raw)
+        _RAW[fn] = raw
         METRICS.programs_built += 1
     return fn
 
 
-def _single_program(g: Graph, grp, out_refs: tuple):
-    """fn(inputs, all graph scalars) -> values of out_refs, for a one-group flush; the program
-    itself is the group program, so a layer flushed alone shares the one compiled for the same
-    layer as a group of a larger flush."""
+# The traceable function behind each group program, for building its donating variants.
+_RAW: dict[Any, Any] = {}
+
+
+def _single_program(g: Graph, grp, out_refs: tuple) -> "Single":
     order = sorted(range(len(out_refs)), key=out_refs.__getitem__)
     grp.out_refs = [out_refs[k] for k in order]
     ids = [i for n in (g.nodes[i] for i in grp.nodes) for i in range(n.scalar_lo, n.scalar_lo + n.op.n_scalars)]
-    fn = _group_program(g, grp, ids)
-    if order == list(range(len(order))) and ids == list(range(len(g.scalars))):
-        return fn
-    back = [0] * len(order)
-    for pos, k in enumerate(order):
-        back[k] = pos
+    key = group_key(g, grp)
+    fn = _group_program(g, grp, ids, key)
+    back = None
+    if order != list(range(len(order))):
+        back = [0] * len(order)
+        for pos, k in enumerate(order):
+            back[k] = pos
+    if ids == list(range(len(g.scalars))):
+        ids = None
+    nodes = g.nodes
+    mask = (1 << OUT_BITS) - 1
+    out_avals = [nodes[r >> OUT_BITS].op.out_avals[r & mask] for r in out_refs]
+    return Single(key, fn, ids, back, [(tuple(a.shape), a.dtype) for a in g.inputs], out_avals)
 
-    def single(inputs, scalars):
-        outs = fn(inputs, [scalars[i] for i in ids])
-        return [outs[k] for k in back]
 
-    return single
+class Single:
+    """fn(inputs, all graph scalars) -> values of out_refs, for a one-group flush.
+
+    The program itself is the group program, so a layer flushed alone shares the one compiled
+    for the same layer as a group of a larger flush. `run` also donates the buffers of inputs
+    nothing else holds (the old values of parameters and optimizer state an in-place update
+    replaces, temporaries already dropped) to outputs of the same shape and dtype: XLA then
+    writes the new values in place, so a training step needs no second copy of its state and
+    the call allocates nothing for those outputs.
+    """
+
+    __slots__ = ("key", "fn", "ids", "back", "donors", "budget", "variants", "compiled")
+
+    def __init__(self, key, fn, ids, back, in_avals, out_avals):
+        self.key = key
+        self.fn = fn
+        self.ids = ids
+        self.back = back
+        budget: dict = {}
+        for av in out_avals:
+            budget[av] = budget.get(av, 0) + 1
+        self.budget = budget
+        # inputs that could alias an output, with the aval they would take
+        self.donors = [(i, av) for i, av in enumerate(in_avals) if av in budget]
+        self.variants: dict[tuple, Any] = {(): fn}
+        self.compiled = 0  # programs this object ran first (each one an XLA compile)
+
+    def __call__(self, inputs, scalars):
+        fn = self.fn
+        if fn not in _RAN:
+            self._first(fn)
+        return self._finish(fn(inputs, self._scalars(scalars)))
+
+    def run(self, inputs, scalars):
+        """Like calling it, donating what `donatable` finds."""
+        if not self.donors or not CONFIG.donate:
+            return self(inputs, scalars)
+        mask = self.donatable(inputs)
+        fn = self.variants.get(mask)
+        if fn is None:
+            if len(self.variants) > _MAX_VARIANTS:  # a pattern that keeps changing: stop compiling
+                mask = max((m for m in self.variants if set(m) <= set(mask)), key=len)
+                fn = self.variants[mask]
+            else:
+                fn = self.variants[mask] = _donating_variant(self.key, self.fn, mask)
+        if not mask:
+            return self(inputs, scalars)
+        if fn not in _RAN:
+            self._first(fn)
+        keep, give = [], []
+        j = 0
+        for i, a in enumerate(inputs):
+            if j < len(mask) and mask[j] == i:
+                give.append(a)
+                j += 1
+            else:
+                keep.append(a)
+        return self._finish(fn(keep, give, self._scalars(scalars)))
+
+    def donatable(self, inputs) -> tuple:
+        """Positions of inputs referenced only by the graph's input list, up to one per output
+        of the same aval. A live tensor, a cache or the user holding the array adds a reference
+        and keeps it; PJRT itself declines buffers with external (numpy) references."""
+        budget = None
+        out = []
+        for i, av in self.donors:
+            a = inputs[i]
+            if _refcount(a) == _ONLY_THE_LIST:
+                if budget is None:
+                    budget = dict(self.budget)
+                if budget[av]:
+                    budget[av] -= 1
+                    out.append(i)
+        return tuple(out)
+
+    def _first(self, fn) -> None:
+        _RAN.add(fn)
+        self.compiled += 1
+
+    def _scalars(self, scalars):
+        ids = self.ids
+        return scalars if ids is None else [scalars[i] for i in ids]
+
+    def _finish(self, outs):
+        back = self.back
+        return outs if back is None else [outs[k] for k in back]
+
+
+def _donating_variant(key: tuple, fn, mask: tuple):
+    """The group program `fn` taking the inputs at `mask` as a second, donated list."""
+    variant = _DONATING.get((key, mask))
+    if variant is None:
+        raw = _RAW[fn]
+        give = set(mask)
+
+        def donating(keep, donated, scalars):
+            it_keep, it_give = iter(keep), iter(donated)
+            inputs = [next(it_give) if i in give else next(it_keep) for i in range(len(keep) + len(donated))]
+            return raw(inputs, scalars)
+
+        variant = _DONATING[(key, mask)] = jax.jit(donating, donate_argnums=1)
+        METRICS.programs_built += 1
+    return variant
+
+
+_refcount = sys.getrefcount
+_ONLY_THE_LIST = 3  # the inputs list, the local name and getrefcount's argument
+_MAX_VARIANTS = 3  # donating variants per plan; past it a flush donates a subset already compiled
+_DONATING: dict[tuple, Any] = {}
+# Jitted programs that have run once, so compiled: a plan meeting a variant that has not costs
+# a compile on a cache hit, and is counted as one.
+_RAN: set = set()
 
 
 def group_key(g: Graph, grp) -> tuple:

@@ -14,10 +14,12 @@ at their captured values; use it for steps whose Python part is static.
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 from . import cache, engine
 from .config import CONFIG
+from .events import METRICS
 from .graph import Graph
 from .modes import DeferfuseMode
 from .tensor import TpuTensor
@@ -40,6 +42,7 @@ class Captured:
                 self._feeds.append(("const", captured))
         self._scalars = list(graph.scalars)
         self._outputs = outputs  # (storage, index into the program's outputs)
+        self._written = {id(st) for st, _ in outputs}
         self._plan = plan
         self.programs = len(plan.steps)
 
@@ -47,15 +50,36 @@ class Captured:
         if any(isinstance(a, TpuTensor) and (a._st.value is None or a._lay is not None) for a in args):
             engine.flush("capture")
         inputs = []
+        # storages the replay overwrites hand their old value over (st.value cleared), so the
+        # program may donate its buffer to the new value when nothing else holds it
+        handed = []
+        written = self._written
         for feed in self._feeds:
             if feed[0] == "arg":
                 inputs.append(args[feed[1]]._st.value)
             elif feed[0] == "storage":
                 st = feed[1]()
-                inputs.append(st.value if st is not None and st.value is not None else feed[2])
+                if st is not None and st.value is not None:
+                    inputs.append(st.value)
+                    if id(st) in written:
+                        handed.append((st, len(inputs) - 1))
+                        st.value = None
+                else:
+                    inputs.append(feed[2])
             else:
                 inputs.append(feed[1])
-        values = self._plan.single(inputs, self._scalars)
+        single = self._plan.single
+        variants = single.compiled
+        t0 = time.perf_counter()
+        try:
+            values = single.run(inputs, self._scalars)
+        except BaseException:
+            for st, pos in handed:
+                st.value = inputs[pos]
+            raise
+        if single.compiled != variants:  # the first replay compiled the donating variant
+            METRICS.cache_misses += 1
+            METRICS.compile_seconds += time.perf_counter() - t0
         for st, idx in self._outputs:
             st.value = values[idx]
         engine.track_inflight(values)  # deferfuse.sync() waits for replays like any program

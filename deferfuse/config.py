@@ -66,6 +66,10 @@ class Config:
     # step ran about 15 % slower as 15 programs than as one), and a shallow model compiles fast.
     fuse_block_ops: int = field(default_factory=lambda: _int("DEFERFUSE_FUSE_BLOCK_OPS", 16))
     fuse_block_repeats: int = field(default_factory=lambda: _int("DEFERFUSE_FUSE_BLOCK_REPEATS", 6))
+    # Let a flush's program reuse the buffers of inputs nothing else holds any more (the old
+    # values of parameters and optimizer state an in-place update replaces) for its outputs:
+    # no second copy of the state, no allocation in the call. Off only to bisect a problem.
+    donate: bool = field(default_factory=lambda: _flag("DEFERFUSE_DONATE", True))
     # Ops per fused program before the fuser splits a group (compile time grows superlinearly).
     max_group_ops: int = field(default_factory=lambda: _int("DEFERFUSE_MAX_GROUP_OPS", 4096))
     # Debug mode checks floating outputs for NaN/Inf; this turns that off.

@@ -252,11 +252,16 @@ def _run_now(r: Recipe, op, tensors, scalars):
     plan = cache.lookup(key)
     if plan is None:
         return None
-    values = plan.single(arrays, scalars)
+    single = plan.single
+    ran = single.compiled
+    values = single(arrays, scalars)
     engine.track_inflight(values)
     m = _METRICS
     m.ops_recorded += 1
-    m.cache_hits += 1
+    if single.compiled != ran:  # the plan's flush ran a donating variant; this one compiled now
+        m.cache_misses += 1
+    else:
+        m.cache_hits += 1
     m.execute_calls += 1
     m.flushes["strict_op"] += 1
     m.nodes_flushed += 1

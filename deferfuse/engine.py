@@ -302,7 +302,7 @@ def block(storages, everything: bool = False) -> None:
         pending, _INFLIGHT[:] = list(_INFLIGHT), []
         for w in pending:
             a = w()
-            if a is not None:
+            if a is not None and not a.is_deleted():  # donated: a later program consumed it
                 a.block_until_ready()
     METRICS.sync_wait_seconds += time.perf_counter() - t0
 

@@ -136,6 +136,9 @@ def why_text(why: dict | None, recompile: bool = True) -> str:
         return f"number of recorded nodes changed: {b} -> {n}"
     if what == "outputs":
         return f"number of outputs changed: {b} -> {n}"
+    if what == "donation":
+        return ("same graph, but a different set of inputs was free to donate to outputs (some value "
+                "was held elsewhere this time, or released): compiled a variant that reuses their buffers")
     return "cache key changed (no single difference found)"
 
 

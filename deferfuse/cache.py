@@ -49,13 +49,14 @@ class Key:
 
 
 class Step:
-    __slots__ = ("group", "fn", "scalar_ids", "ops")
+    __slots__ = ("group", "fn", "scalar_ids", "ops", "dies")
 
     def __init__(self, group, fn, scalar_ids, ops):
         self.group = group
-        self.fn = fn
+        self.fn = fn  # a Single, or None for a host step
         self.scalar_ids = scalar_ids
         self.ops = ops
+        self.dies: frozenset = frozenset()  # positions in group.in_refs read for the last time here
 
 
 class Plan:
@@ -74,6 +75,10 @@ class Plan:
         self.hits = 0
         self.where = None
 
+    def programs_compiled(self) -> int:
+        """Programs (donation variants included) this plan's steps have compiled so far."""
+        return sum(step.fn.compiled for step in self.steps if step.fn is not None)
+
     def run(self, g: Graph, out_refs: tuple) -> list:
         t0 = time.perf_counter()
         try:
@@ -88,9 +93,12 @@ class Plan:
                 return self.single(g.inputs, g.scalars)
             return self.single.run(g.inputs, g.scalars)
         env: dict[int, Any] = {-(i + 1): a for i, a in enumerate(g.inputs)}
+        donate = g.sources is None
         for step in self.steps:
             grp = step.group
-            ins = [env[r] for r in grp.in_refs]
+            dies = step.dies
+            # a value read for the last time leaves env, so the step may donate its buffer
+            ins = [env.pop(r) if k in dies else env[r] for k, r in enumerate(grp.in_refs)]
             if grp.host:
                 node = g.nodes[grp.nodes[0]]
                 outs = program.run_host(node, ins, g.scalars)
@@ -99,9 +107,8 @@ class Plan:
                     env[base | k] = o
             else:
                 METRICS.execute_calls += 1
-                _RAN.add(step.fn)
                 scs = [g.scalars[i] for i in step.scalar_ids]
-                for r, o in zip(grp.out_refs, step.fn(ins, scs)):
+                for r, o in zip(grp.out_refs, step.fn.run(ins, scs) if donate else step.fn(ins, scs)):
                     env[r] = o
         return [env[r] for r in out_refs]
 
@@ -158,11 +165,10 @@ def execute(g: Graph, out_refs: tuple, cause: str, where) -> tuple[list, Plan, b
         if prev is not None and (events.collecting() or CONFIG.log):
             why = explain_miss(prev, key, g)
         _LAST_AT_SITE[site] = key
-    single = plan.single
-    variants = single.compiled if single is not None else 0
+    ran = plan.programs_compiled()
     t0 = time.perf_counter()
     results = plan.run(g, out_refs)
-    if hit and single is not None and single.compiled != variants:
+    if hit and plan.programs_compiled() != ran:
         # a cached plan met a new donation pattern: that is one more XLA compile
         hit = False
         METRICS.cache_hits -= 1
@@ -207,6 +213,7 @@ def _build(g: Graph, out_refs: tuple, key: Key, block_ops: int | None = None) ->
                 plan.n_internal += 1
                 plan.bytes_internal += nbytes
     n_inputs = len(g.inputs)
+    mask = (1 << OUT_BITS) - 1
     if len(groups) == 1 and not groups[0].host:
         grp = groups[0]
         grp.in_refs = [-(i + 1) for i in range(n_inputs)]
@@ -221,7 +228,22 @@ def _build(g: Graph, out_refs: tuple, key: Key, block_ops: int | None = None) ->
         for i in grp.nodes:
             n = nodes[i]
             scalar_ids.extend(range(n.scalar_lo, n.scalar_lo + n.op.n_scalars))
-        plan.steps.append(Step(grp, _group_program(g, grp, scalar_ids), scalar_ids, [nodes[i].op.name for i in grp.nodes]))
+        key = group_key(g, grp)
+        fn = _group_program(g, grp, scalar_ids, key)
+        in_avals = [(tuple(g.inputs[-r - 1].shape), g.inputs[-r - 1].dtype) if r < 0
+                    else nodes[r >> OUT_BITS].op.out_avals[r & mask] for r in grp.in_refs]
+        out_avals = [nodes[r >> OUT_BITS].op.out_avals[r & mask] for r in grp.out_refs]
+        # held besides the step's input list: g.inputs holds the graph's inputs
+        expect = [_ONLY_THE_LIST + (r < 0) for r in grp.in_refs]
+        prog = Single(key, fn, None, None, in_avals, out_avals, expect)
+        plan.steps.append(Step(grp, prog, scalar_ids, [nodes[i].op.name for i in grp.nodes]))
+    last: dict[int, int] = {}
+    for si, step in enumerate(plan.steps):
+        for r in step.group.in_refs:
+            last[r] = si
+    for si, step in enumerate(plan.steps):
+        if not step.group.host:
+            step.dies = frozenset(k for k, r in enumerate(step.group.in_refs) if last[r] == si and r not in outs)
     return plan
 
 
@@ -267,7 +289,8 @@ def _single_program(g: Graph, grp, out_refs: tuple) -> "Single":
 
 
 class Single:
-    """fn(inputs, all graph scalars) -> values of out_refs, for a one-group flush.
+    """fn(inputs, scalars) -> outputs of one group program: a one-group flush (then all graph
+    scalars, and the values of out_refs in their order) or one step of a larger plan.
 
     The program itself is the group program, so a layer flushed alone shares the one compiled
     for the same layer as a group of a larger flush. `run` also donates the buffers of inputs
@@ -277,9 +300,9 @@ class Single:
     the call allocates nothing for those outputs.
     """
 
-    __slots__ = ("key", "fn", "ids", "back", "donors", "budget", "variants", "compiled")
+    __slots__ = ("key", "fn", "ids", "back", "donors", "budget", "nbytes", "variants", "compiled")
 
-    def __init__(self, key, fn, ids, back, in_avals, out_avals):
+    def __init__(self, key, fn, ids, back, in_avals, out_avals, expect=None):
         self.key = key
         self.fn = fn
         self.ids = ids
@@ -289,7 +312,10 @@ class Single:
             budget[av] = budget.get(av, 0) + 1
         self.budget = budget
         # inputs that could alias an output, with the aval they would take
-        self.donors = [(i, av) for i, av in enumerate(in_avals) if av in budget]
+        # (with the reference count that means nothing else holds it: see `donatable`)
+        self.donors = [(i, av, _ONLY_THE_LIST if expect is None else expect[i])
+                       for i, av in enumerate(in_avals) if av in budget]
+        self.nbytes = {i: _nbytes(*av) for i, av, _ in self.donors}
         self.variants: dict[tuple, Any] = {(): fn}
         self.compiled = 0  # programs this object ran first (each one an XLA compile)
 
@@ -315,6 +341,10 @@ class Single:
             return self(inputs, scalars)
         if fn not in _RAN:
             self._first(fn)
+        m = METRICS
+        m.buffers_donated += len(mask)
+        nbytes = self.nbytes
+        m.bytes_donated += sum([nbytes[i] for i in mask])
         keep, give = [], []
         j = 0
         for i, a in enumerate(inputs):
@@ -331,9 +361,9 @@ class Single:
         and keeps it; PJRT itself declines buffers with external (numpy) references."""
         budget = None
         out = []
-        for i, av in self.donors:
+        for i, av, only in self.donors:
             a = inputs[i]
-            if _refcount(a) == _ONLY_THE_LIST:
+            if _refcount(a) == only:
                 if budget is None:
                     budget = dict(self.budget)
                 if budget[av]:

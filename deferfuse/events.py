@@ -35,6 +35,9 @@ class Metrics:
     intermediates_skipped: int = 0
     bytes_skipped: int = 0
     nodes_flushed: int = 0
+    # inputs whose buffers a program reused for its outputs (in-place updates, dead temporaries)
+    buffers_donated: int = 0
+    bytes_donated: int = 0
     sync_wait_seconds: float = 0.0
     flush_seconds: float = 0.0
     execute_seconds: float = 0.0  # host time dispatching programs (device work is asynchronous)
@@ -61,6 +64,8 @@ class Metrics:
             "intermediates_skipped": self.intermediates_skipped,
             "bytes_skipped": self.bytes_skipped,
             "nodes_flushed": self.nodes_flushed,
+            "buffers_donated": self.buffers_donated,
+            "bytes_donated": self.bytes_donated,
             "sync_wait_seconds": self.sync_wait_seconds,
             "flush_seconds": self.flush_seconds,
             "execute_seconds": self.execute_seconds,

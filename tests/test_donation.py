@@ -94,6 +94,7 @@ def test_training_keeps_parameters_in_place_and_matches_cpu():
     ptrs = None
     misses = []
     for step in range(6):
+        donated = deferfuse.metrics()["bytes_donated"]
         with deferfuse.mode():
             loss = F.mse_loss(model(xt), yt)
             loss.backward()
@@ -111,6 +112,7 @@ def test_training_keeps_parameters_in_place_and_matches_cpu():
         now = sorted(_ptr(t) for t in [*model.parameters(), *state])
         if step >= 3:
             assert now == ptrs
+            assert deferfuse.metrics()["bytes_donated"] - donated >= _state_bytes(model, opt)
         ptrs = now
     assert misses[-1] == misses[2]  # and the donating program compiled once, in warm-up
     for p, r in zip(model.parameters(), ref.parameters()):
@@ -171,3 +173,48 @@ def test_a_changing_donation_pattern_stops_compiling():
                 if pattern >> k & 1:
                     torch.testing.assert_close(holders[k].cpu(), held[k])
     assert compiles <= 4
+
+
+def _state_bytes(model, opt) -> int:
+    state = [t for st in opt.state.values() for t in st.values() if t.device.type == "tpu"]
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *state])
+
+
+def test_a_plan_cut_into_several_programs_donates_too(monkeypatch):
+    # a deep stack of identical blocks: the fuser gives each block its own program
+    monkeypatch.setattr(CONFIG, "fuse_block_ops", 4)
+    monkeypatch.setattr(CONFIG, "fuse_block_repeats", 3)
+    torch.manual_seed(0)
+
+    def make():
+        return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Tanh(),
+                                                         torch.nn.LayerNorm(16)) for _ in range(6)])
+
+    model, ref = make(), make()
+    ref.load_state_dict(model.state_dict())
+    model.to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    x, target = torch.randn(4, 16), torch.randn(4, 16)
+    xt, tt = x.to("tpu"), target.to("tpu")
+    for step in range(5):
+        deferfuse.reset_metrics()
+        with deferfuse.mode():
+            loss = (model(xt) - tt).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        ref_loss = (ref(x) - target).square().mean()
+        ref_loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        torch.testing.assert_close(loss.cpu(), ref_loss.detach(), rtol=1e-5, atol=1e-5)
+        m = deferfuse.metrics()
+        if step >= 2:
+            assert m["cache_misses"] == 0
+            # every parameter and moment estimate updated into a buffer an old value gave up
+            assert m["bytes_donated"] >= _state_bytes(model, opt)
+    plans = [p for p in deferfuse.cache._PLANS.values() if len(p.steps) > 1]
+    assert plans, "the flush was not cut into several programs"
+    for p, r in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.cpu(), r.detach(), rtol=1e-5, atol=1e-5)

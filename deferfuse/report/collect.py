@@ -440,6 +440,8 @@ def _memory(m: dict) -> dict[str, Any]:
         "bytes_materialized": matb,
         "skipped_fraction": _rate(sk, sk + mat),
         "bytes_skipped_fraction": _rate(skb, skb + matb),
+        "buffers_donated": m.get("buffers_donated", 0),
+        "bytes_donated": m.get("bytes_donated", 0),
     }
 
 

@@ -318,6 +318,7 @@ def render(rep: dict[str, Any], top: int = 5) -> str:
     p.append(html_table(["", "tensors", "bytes"], [
         ["intermediates never materialised", mem["intermediates_skipped"], human_bytes(mem["bytes_skipped"])],
         ["tensors materialised", mem["outputs_materialized"], human_bytes(mem["bytes_materialized"])],
+        ["of those, written in place (donated buffers)", mem["buffers_donated"], human_bytes(mem["bytes_donated"])],
     ]))
     data = json.dumps(rep, default=str).replace("</", "<\\/")
     p.append(f'<script type="application/json" id="deferfuse-report">{data}</script>')

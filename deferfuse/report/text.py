@@ -105,7 +105,8 @@ def render(rep: dict[str, Any], top: int = 5, color: bool = False) -> str:
     lines.append(
         f"  {s['programs_executed']} programs run: {ratio} ops per program; {mem['intermediates_skipped']} intermediates "
         f"never materialised ({human_bytes(mem['bytes_skipped'])}) vs {mem['outputs_materialized']} tensors "
-        f"materialised ({human_bytes(mem['bytes_materialized'])})"
+        f"materialised ({human_bytes(mem['bytes_materialized'])}); {mem['buffers_donated']} written in place "
+        f"into buffers their old values gave up ({human_bytes(mem['bytes_donated'])})"
     )
     split = [("record", t["record_seconds"]), ("compile", t["compile_seconds"]), ("execute", t["execute_seconds"]),
              ("sync wait", t["sync_wait_seconds"]), ("other flush", t["flush_other_seconds"])]

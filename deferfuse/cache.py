@@ -7,6 +7,10 @@ comparison. Only on a miss does the fuser partition the graph (networkx) and XLA
 resulting plan is cached under the key. A Strict op and a one-op DeferAndFuse group with the same
 signature are the same entry.
 
+The key leaves out which inputs a flush may donate (reuse for its outputs): that depends on
+what else holds them, known only at the call, so each compiled group keeps a few donating
+variants of its program (`Compiled`); compiling one on a cache hit is counted as a compile.
+
 Tier 3 (persistent, across processes) is JAX's own compilation cache, enabled by
 DEFERFUSE_CACHE_DIR.
 """
@@ -53,7 +57,7 @@ class Step:
 
     def __init__(self, group, fn, scalar_ids, ops):
         self.group = group
-        self.fn = fn  # a Single, or None for a host step
+        self.fn = fn  # a Compiled, or None for a host step
         self.scalar_ids = scalar_ids
         self.ops = ops
         self.dies: frozenset = frozenset()  # positions in group.in_refs read for the last time here
@@ -65,7 +69,7 @@ class Plan:
     def __init__(self, key_hash: int):
         self.key_hash = key_hash
         self.steps: list[Step] = []
-        self.single: Single | None = None  # the program when the flush is one group over all inputs
+        self.single: Compiled | None = None  # the program when the flush is one group over all inputs
         self.n_internal = 0
         self.bytes_internal = 0
         self.bytes_out = 0
@@ -235,7 +239,7 @@ def _build(g: Graph, out_refs: tuple, key: Key, block_ops: int | None = None) ->
         out_avals = [nodes[r >> OUT_BITS].op.out_avals[r & mask] for r in grp.out_refs]
         # held besides the step's input list: g.inputs holds the graph's inputs
         expect = [_ONLY_THE_LIST + (r < 0) for r in grp.in_refs]
-        prog = Single(key, fn, None, None, in_avals, out_avals, expect)
+        prog = Compiled(key, fn, None, None, in_avals, out_avals, expect)
         plan.steps.append(Step(grp, prog, scalar_ids, [nodes[i].op.name for i in grp.nodes]))
     last: dict[int, int] = {}
     for si, step in enumerate(plan.steps):
@@ -269,7 +273,7 @@ def _group_program(g: Graph, grp, scalar_ids, key: tuple | None = None) -> Any:
 _RAW: dict[Any, Any] = {}
 
 
-def _single_program(g: Graph, grp, out_refs: tuple) -> "Single":
+def _single_program(g: Graph, grp, out_refs: tuple) -> "Compiled":
     order = sorted(range(len(out_refs)), key=out_refs.__getitem__)
     grp.out_refs = [out_refs[k] for k in order]
     ids = [i for n in (g.nodes[i] for i in grp.nodes) for i in range(n.scalar_lo, n.scalar_lo + n.op.n_scalars)]
@@ -285,10 +289,10 @@ def _single_program(g: Graph, grp, out_refs: tuple) -> "Single":
     nodes = g.nodes
     mask = (1 << OUT_BITS) - 1
     out_avals = [nodes[r >> OUT_BITS].op.out_avals[r & mask] for r in out_refs]
-    return Single(key, fn, ids, back, [(tuple(a.shape), a.dtype) for a in g.inputs], out_avals)
+    return Compiled(key, fn, ids, back, [(tuple(a.shape), a.dtype) for a in g.inputs], out_avals)
 
 
-class Single:
+class Compiled:
     """fn(inputs, scalars) -> outputs of one group program: a one-group flush (then all graph
     scalars, and the values of out_refs in their order) or one step of a larger plan.
 

@@ -141,7 +141,6 @@ def configure_persistent_cache() -> None:
 def clear() -> None:
     _PLANS.clear()
     _GROUP_PROGRAMS.clear()
-    _RAW.clear()
     _DONATING.clear()
     _RAN.clear()
     _LAST_AT_SITE.clear()
@@ -217,7 +216,6 @@ def _build(g: Graph, out_refs: tuple, key: Key, block_ops: int | None = None) ->
                 plan.n_internal += 1
                 plan.bytes_internal += nbytes
     n_inputs = len(g.inputs)
-    mask = (1 << OUT_BITS) - 1
     if len(groups) == 1 and not groups[0].host:
         grp = groups[0]
         grp.in_refs = [-(i + 1) for i in range(n_inputs)]
@@ -232,14 +230,11 @@ def _build(g: Graph, out_refs: tuple, key: Key, block_ops: int | None = None) ->
         for i in grp.nodes:
             n = nodes[i]
             scalar_ids.extend(range(n.scalar_lo, n.scalar_lo + n.op.n_scalars))
-        key = group_key(g, grp)
-        fn = _group_program(g, grp, scalar_ids, key)
-        in_avals = [(tuple(g.inputs[-r - 1].shape), g.inputs[-r - 1].dtype) if r < 0
-                    else nodes[r >> OUT_BITS].op.out_avals[r & mask] for r in grp.in_refs]
-        out_avals = [nodes[r >> OUT_BITS].op.out_avals[r & mask] for r in grp.out_refs]
+        gkey = group_key(g, grp)
+        fn = _group_program(g, grp, scalar_ids, gkey)
         # held besides the step's input list: g.inputs holds the graph's inputs
         expect = [_ONLY_THE_LIST + (r < 0) for r in grp.in_refs]
-        prog = Compiled(key, fn, None, None, in_avals, out_avals, expect)
+        prog = _compiled(g, grp, gkey, fn, None, None, expect)
         plan.steps.append(Step(grp, prog, scalar_ids, [nodes[i].op.name for i in grp.nodes]))
     last: dict[int, int] = {}
     for si, step in enumerate(plan.steps):
@@ -262,15 +257,9 @@ def _group_program(g: Graph, grp, scalar_ids, key: tuple | None = None) -> Any:
         key = group_key(g, grp)
     fn = _GROUP_PROGRAMS.get(key)
     if fn is None:
-        raw = program.build(g.nodes, grp.nodes, grp.in_refs, grp.out_refs, scalar_ids)
-        fn = _GROUP_PROGRAMS[key] = jax.jit(raw)
-        _RAW[fn] = raw
+        fn = _GROUP_PROGRAMS[key] = jax.jit(program.build(g.nodes, grp.nodes, grp.in_refs, grp.out_refs, scalar_ids))
         METRICS.programs_built += 1
     return fn
-
-
-# The traceable function behind each group program, for building its donating variants.
-_RAW: dict[Any, Any] = {}
 
 
 def _single_program(g: Graph, grp, out_refs: tuple) -> "Compiled":
@@ -286,10 +275,22 @@ def _single_program(g: Graph, grp, out_refs: tuple) -> "Compiled":
             back[k] = pos
     if ids == list(range(len(g.scalars))):
         ids = None
+    return _compiled(g, grp, key, fn, ids, back)
+
+
+def _compiled(g: Graph, grp, key: tuple, fn, ids, back, expect=None) -> "Compiled":
+    """A group's program with the (shape, dtype) of its inputs and outputs as the arrays have
+    them (the key's input avals name torch dtypes), which decide what may alias what."""
     nodes = g.nodes
     mask = (1 << OUT_BITS) - 1
-    out_avals = [nodes[r >> OUT_BITS].op.out_avals[r & mask] for r in out_refs]
-    return Compiled(key, fn, ids, back, [(tuple(a.shape), a.dtype) for a in g.inputs], out_avals)
+
+    def aval(r):
+        if r < 0:
+            a = g.inputs[-r - 1]
+            return tuple(a.shape), a.dtype
+        return nodes[r >> OUT_BITS].op.out_avals[r & mask]
+
+    return Compiled(key, fn, ids, back, [aval(r) for r in grp.in_refs], [aval(r) for r in grp.out_refs], expect)
 
 
 class Compiled:
@@ -392,7 +393,7 @@ def _donating_variant(key: tuple, fn, mask: tuple):
     """The group program `fn` taking the inputs at `mask` as a second, donated list."""
     variant = _DONATING.get((key, mask))
     if variant is None:
-        raw = _RAW[fn]
+        raw = fn.__wrapped__  # jax.jit keeps the traceable function
         give = set(mask)
 
         def donating(keep, donated, scalars):

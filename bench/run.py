@@ -106,7 +106,11 @@ def _torchax(name: str, warm: int, steps: int, reps: int) -> dict:
 
 
 def tiny_ops(reps: int, n: int = 2000) -> dict:
-    """µs per op for an 8-element add chain, and DeferAndFuse's recording cost."""
+    """µs per op for an 8-element add chain, and DeferAndFuse's recording cost.
+
+    Two floors frame the recording row: a bare TorchDispatchMode (the issue's yardstick), and a
+    bare tensor subclass that makes a fresh output wrapper per op, which is what any engine
+    built on wrapper subclasses pays before it records anything."""
     import jax
     import jax.numpy as jnp
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -120,6 +124,18 @@ def tiny_ops(reps: int, n: int = 2000) -> dict:
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             return a
+
+    class Floor(torch.Tensor):
+        """The least a wrapper-subclass engine pays per op: the `__torch_dispatch__` call and a
+        fresh output wrapper on the tpu device, with nothing recorded."""
+
+        __torch_function__ = torch._C._disabled_torch_function_impl
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            return torch.Tensor._make_wrapper_subclass(cls, (8,), dtype=torch.float32, device=a.device)
+
+    floor = torch.Tensor._make_wrapper_subclass(Floor, (8,), dtype=torch.float32, device=a.device)
 
     def chain(x, b):
         for _ in range(n):
@@ -141,6 +157,11 @@ def tiny_ops(reps: int, n: int = 2000) -> dict:
             chain(a, a)
             return time.perf_counter() - t0
 
+    def run_floor():
+        t0 = time.perf_counter()
+        chain(floor, floor)
+        return time.perf_counter() - t0
+
     def run_mode(kind):
         def go():
             with deferfuse.mode(kind):
@@ -159,7 +180,8 @@ def tiny_ops(reps: int, n: int = 2000) -> dict:
         x.block_until_ready()
         return time.perf_counter() - t0
 
-    runs = {"cpu eager": run_cpu, "bare TorchDispatchMode": run_bare, "defer_and_fuse (recording)": run_mode("defer_and_fuse"),
+    runs = {"cpu eager": run_cpu, "bare TorchDispatchMode": run_bare, "bare subclass, fresh output tensor": run_floor,
+            "defer_and_fuse (recording)": run_mode("defer_and_fuse"),
             "strict": run_mode("strict"), "debug": run_mode("debug"), "jitted JAX call": run_jit}
     for fn in runs.values():
         fn()

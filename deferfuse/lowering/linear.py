@@ -108,10 +108,16 @@ def _claimable(x, w, b) -> bool:
     return _fwad._current_level < 0 and not _functorch_active()
 
 
+# `Function.apply` is a Python wrapper that, outside functorch transforms, walks the arguments to
+# unwrap dead functorch wrappers and then calls the C++ apply. A claimed call has plain TpuTensor
+# arguments and no transform active, so it calls the C++ apply directly (about 6-10 µs a call).
+_apply_linear = torch._C._FunctionBase.__dict__["apply"].__get__(None, _Linear)
+
+
 def _linear_autograd(x, w, b=None):
     if not _claimable(x, w, b):
         return _composite.decompose(x, w, b)
-    return _Linear.apply(x, w, b)
+    return _apply_linear(x, w, b)
 
 
 _impl = torch.library.Library("aten", "IMPL")

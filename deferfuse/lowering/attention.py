@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from ..tensor import TpuTensor
 from .registry import lowering
 
 _lib = torch.library.Library("deferfuse", "DEF")
@@ -88,10 +89,12 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         q, k, v, mask = ctx.saved_tensors
-        dq, dk, dv = SDPA_BACKWARD(grad.contiguous(), q, k, v, mask, *ctx.args)
+        dq, dk, dv = SDPA_BACKWARD(grad, q, k, v, mask, *ctx.args)
         return dq, dk, dv, None, None, None, None
 
 
+# Function.apply's C++ half (see `_apply_linear` in linear.py)
+_apply_attention = torch._C._FunctionBase.__dict__["apply"].__get__(None, _Attention)
 _impl = torch.library.Library("aten", "IMPL")
 _composite = torch.ops.aten.scaled_dot_product_attention.default
 
@@ -104,7 +107,11 @@ def _sdpa_autograd(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scal
     mask = attn_mask
     if mask is not None and mask.dtype == torch.uint8:
         mask = mask.bool()
-    return _Attention.apply(q, k, v, mask, bool(is_causal), scale, bool(enable_gqa))
+    args = (q, k, v, mask, bool(is_causal), scale, bool(enable_gqa))
+    tpu = TpuTensor
+    if type(q) is tpu and type(k) is tpu and type(v) is tpu and (mask is None or type(mask) is tpu):
+        return _apply_attention(*args)  # plain tensors: nothing for Function.apply to unwrap
+    return _Attention.apply(*args)
 
 
 _impl.impl("scaled_dot_product_attention", _sdpa_autograd, "AutogradPrivateUse1")

@@ -66,7 +66,7 @@ def served(op) -> tuple[str, str]:
         return "special", special.HANDLERS[op].__name__
     route = dispatch._classify(op)
     name = route.__name__
-    if name in ("route_view", "route_as_strided"):
+    if name in ("route_view", "route_as_strided", "route_alias"):
         return "view", "metadata over the shared storage; nothing computed"
     if name == "route_inplace_view":
         return "view", "in-place metadata change"

@@ -5,11 +5,16 @@ had a lowering every forward-mode call on tpu failed at the first flush.
 """
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 
 from conftest import check_all_modes
+
+# torch.func's forward-mode transforms script a helper on first use; PyTorch's own deprecation
+# notice for torch.jit.script is not ours to act on
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 
 torch.manual_seed(0)
 X = torch.randn(4, 3)

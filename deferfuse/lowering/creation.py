@@ -23,8 +23,10 @@ def full(ctx, size, fill_value, *, dtype=None, layout=None, device=None, pin_mem
     return jnp.full(tuple(size), fill_value, dtype=_jd(ctx))
 
 
-@lowering(aten.zeros.default, family="creation", ctx=True)
+@lowering(aten.zeros.default, aten._efficientzerotensor.default, family="creation", ctx=True)
 def zeros(ctx, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """Also forward-mode AD's zero tangent (`_efficientzerotensor`): CPU marks it with the
+    ZeroTensor key so later ops may skip it; plain zeros have the same values, and XLA folds them."""
     return jnp.zeros(tuple(size), _jd(ctx))
 
 
@@ -128,10 +130,3 @@ def _numel(shape) -> int:
 def copy(x, src, non_blocking=False):
     """The functional form of copy_: src cast and broadcast to x."""
     return jnp.broadcast_to(src.astype(x.dtype) if src.dtype != x.dtype else src, x.shape)
-
-
-@lowering(aten._efficientzerotensor.default, family="creation", ctx=True)
-def efficient_zero_tensor(ctx, size, *, dtype=None, layout=None, device=None, pin_memory=None):
-    """Forward-mode AD's stand-in for a zero tangent. CPU marks it with the ZeroTensor key so
-    later ops may skip it; an ordinary zero array has the same values, and XLA folds the zeros."""
-    return jnp.zeros(tuple(size), _jd(ctx))

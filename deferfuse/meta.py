@@ -95,7 +95,7 @@ def _static(a):
 def _cpu_scalar(a: torch.Tensor, spec: ArgSpec, tensors, scalars):
     """A CPU tensor next to tpu tensors: 0-dim ones are scalars (like CUDA), others are an error."""
     if a.dim() == 0:
-        scalars.append(np.asarray(dtypes.torch_to_numpy(a)))
+        scalars.append(np.array(dtypes.torch_to_numpy(a)))  # a copy: the tensor may change before a flush
         return ("cpu0", a.dtype)
     if spec.allow_cpu:
         from .tensor import from_concrete, host_to_jax

@@ -206,6 +206,15 @@ def case_repeated_foreach_inplace_into_a_view(d):
     return a, b, grid
 
 
+def case_cpu_scalar_tensor_changed_after_use(d):
+    # a 0-dim CPU tensor next to tpu ones is read as a scalar (as CUDA does): its value at the
+    # call, not at the flush (an LR scheduler fills the tensor lr a fused optimizer step used)
+    c = torch.tensor(2.0)
+    y = base(d) * c
+    c.fill_(5.0)
+    return y
+
+
 CASES = [v for k, v in sorted(globals().items()) if k.startswith("case_")]
 
 

@@ -125,9 +125,14 @@ def spec_of(func) -> ArgSpec:
     spec = info.spec
     if spec is None:
         low = LOWERINGS.get(func)
+        if low is None and func in _FUNCTIONAL:
+            # an in-place op is keyed as its functional variant is: a learning rate that the
+            # functional op takes at runtime must not make each in-place call a new signature
+            low = LOWERINGS.get(_FUNCTIONAL[func][1])
         allow_cpu = func in (aten.index.Tensor, aten.index_put.default, aten.index_put_.default,
                              aten._unsafe_index.Tensor, aten._unsafe_index_put.default)
-        spec = info.spec = ArgSpec(func, info.fid, low.static if low else (), allow_cpu)
+        spec = info.spec = ArgSpec(func, info.fid, low.static if low else (), allow_cpu,
+                                   low.runtime if low else ())
     return spec
 
 
@@ -463,6 +468,9 @@ def _functional_variant(func):
         return None
     if schema.arguments[0].alias_info is not None and schema.arguments[0].alias_info.is_write and name.endswith("_"):
         want = [(a.name, str(a.type)) for a in schema.arguments]
+        # the functional op returns one value per written argument, in order (a fused
+        # optimizer writes params, grads and its state lists)
+        writes = tuple(i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write)
         for base_name in (name[:-1], name[:-1] + "_functional"):
             try:
                 base = getattr(aten, base_name)
@@ -473,11 +481,11 @@ def _functional_variant(func):
                 func._overloadname == "default" and "default" in overloads else None
             if cand is not None and not cand._schema.is_mutable and \
                     [(a.name, str(a.type)) for a in cand._schema.arguments] == want:
-                return ("inplace", cand, _defaults_to_fill(schema, cand._schema))
+                return ("inplace", cand, _defaults_to_fill(schema, cand._schema), writes)
             for ov in overloads:
                 c = getattr(base, ov)
                 if not c._schema.is_mutable and [(a.name, str(a.type)) for a in c._schema.arguments] == want:
-                    return ("inplace", c, _defaults_to_fill(schema, c._schema))
+                    return ("inplace", c, _defaults_to_fill(schema, c._schema), writes)
         return None
     outs = [a for a in mutable if a.kwarg_only]
     if len(outs) != len(mutable):
@@ -521,10 +529,13 @@ def route_mutating(func, args, kwargs):
     spec = func._df.spec or spec_of(func)
     key, tensors, scalars = signature(spec, args, kwargs)
     if kind[0] == "inplace":
-        target = args[0]
+        writes = kind[3]
+        target = args[0] if len(writes) == 1 else _written(func, writes, args, kwargs)
         r = _INPLACE.get(key)
         if r is not None and _replaceable(r, target):
             _emit_into(r, tensors, scalars, target)
+            if len(writes) > 1:
+                return args[0] if func._schema.returns else None
             return None if type(target) is list or type(target) is tuple else target
         _check_meta(func, key, args, kwargs)
         fill = kind[2]
@@ -532,12 +543,14 @@ def route_mutating(func, args, kwargs):
             args, kwargs = _fill_defaults(fill, args, kwargs)
         result = dispatch(kind[1], args, kwargs)
         if isinstance(target, (list, tuple)):
+            if len(writes) > 1:
+                result = _flat(result)
             for t, res in zip(target, result):
                 _check_inplace_shape(t, res)
                 special.assign(t, res)
             if not fill:
                 _learn_inplace(kind[1], key, args, kwargs, tensors, scalars, target)
-            return None
+            return args[0] if len(writes) > 1 and func._schema.returns else None
         _check_inplace_shape(target, result)
         special.assign(target, result)
         if not fill:
@@ -563,6 +576,22 @@ def route_mutating(func, args, kwargs):
     if not func._schema.returns:
         return None
     return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _flat(values) -> list:
+    out = []
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            out.extend(v)
+        else:
+            out.append(v)
+    return out
+
+
+def _written(func, writes, args, kwargs) -> list:
+    """Every tensor an in-place op with several written arguments writes, in schema order."""
+    arguments = func._schema.arguments
+    return _flat([args[i] if i < len(args) else kwargs[arguments[i].name] for i in writes])
 
 
 def _check_inplace_shape(target, result) -> None:

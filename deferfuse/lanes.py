@@ -49,8 +49,16 @@ def chunks(tensors) -> list[tuple[int, int]] | None:
     return out
 
 
+# The fused optimizers' in-place kernels (`AdamW(fused=True)`): each of their lists holds one entry
+# per parameter (or none), so they split like a foreach op. Their functional forms return several
+# lists and are not split.
+_FUSED_OPTIMIZERS = {"aten::_fused_adam_", "aten::_fused_adamw_", "aten::_fused_sgd_", "aten::_fused_adagrad_"}
+
+
 def splittable(func) -> bool:
     """Functional and in-place foreach overloads whose list-like arguments are all lists."""
+    if func.name() in _FUSED_OPTIMIZERS:
+        return True
     if not func.name().startswith("aten::_foreach_"):
         return False
     schema = func._schema

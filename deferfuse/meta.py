@@ -54,7 +54,7 @@ class ArgSpec:
 
     __slots__ = ("func", "fid", "pos", "kw", "allow_cpu")
 
-    def __init__(self, func, fid: int, static_names=(), allow_cpu=False):
+    def __init__(self, func, fid: int, static_names=(), allow_cpu=False, runtime_names=()):
         schema = func._schema
         self.func = func
         self.fid = fid
@@ -64,6 +64,8 @@ class ArgSpec:
             k = _KIND_OF_TYPE.get(str(a.type), STATIC)
             if k in (SCALAR, SCALAR_OPT, SCALAR_LIST) and (force_static or a.name in static_names):
                 k = STATIC
+            elif a.name in runtime_names and str(a.type) == "float":
+                k = SCALAR
             kinds[a.name] = k
         self.pos = [kinds[a.name] for a in schema.arguments if not a.kwarg_only]
         self.kw = kinds

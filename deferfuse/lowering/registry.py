@@ -10,6 +10,8 @@ decorator, in one statement:
   for half types, as CPU PyTorch computes them) and the result to the result dtype.
 - `static`: Scalar arguments whose *value* matters to the program (a norm's order, an
   exponent); every other Scalar is a runtime input so a changing value never recompiles.
+- `runtime`: `float` arguments (which are otherwise static, like a norm's `eps`) that are runtime
+  inputs instead: an optimizer's learning rate, which a scheduler changes every step.
 - `supports`: a predicate over meta arguments; calls outside it take the CPU fallback.
 - `rng=True`: the op gets a fresh JAX key as keyword `key`.
 - `ctx=True`: the function's first argument is a `LowerCtx` (output avals, meta inputs).
@@ -54,6 +56,7 @@ class Lowering:
     rng: bool
     ctx: bool
     meta_fix: Callable | None = None
+    runtime: tuple[str, ...] = ()
 
 
 LOWERINGS: dict[Any, Lowering] = {}
@@ -69,6 +72,7 @@ def lowering(
     rng: bool = False,
     ctx: bool = False,
     meta_fix: Callable | None = None,
+    runtime: tuple[str, ...] = (),
 ):
     if family not in FAMILIES:
         raise ValueError(f"unknown lowering family {family!r}")
@@ -79,7 +83,8 @@ def lowering(
         for op in ops:
             if op in LOWERINGS:
                 raise RuntimeError(f"deferfuse: {op} has two lowerings ({LOWERINGS[op].fn.__name__}, {fn.__name__})")
-            LOWERINGS[op] = Lowering(op, fn, family, promote, promote_args, tuple(static), supports, rng, ctx, meta_fix)
+            LOWERINGS[op] = Lowering(op, fn, family, promote, promote_args, tuple(static), supports, rng, ctx, meta_fix,
+                                   tuple(runtime))
         return fn
 
     return register

@@ -127,13 +127,18 @@ def chain(engine: str, numel: int = 16 * 1024 * 1024) -> Runner:
     return _make_runner(engine, step_fn)
 
 
-def mlp(engine: str) -> Runner:
+def _adamw(params, fused: bool):
+    """PyTorch's default AdamW (a foreach step), or its fused kernel: one ATen call per step."""
+    return torch.optim.AdamW(params, lr=1e-3, **({"fused": True} if fused else {}))
+
+
+def mlp(engine: str, fused: bool = False) -> Runner:
     import mlp_train
 
     dev = device_of(engine)
     torch.manual_seed(0)
     model = mlp_train.make_model(512).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = _adamw(model.parameters(), fused)
     data = mlp_train.batches(512, 64)
     x, y = (t.to(dev) for t in next(data))
 
@@ -147,14 +152,14 @@ def mlp(engine: str) -> Runner:
     return _make_runner(engine, step_fn)
 
 
-def gpt(engine: str, layers: int = 4) -> Runner:
+def gpt(engine: str, layers: int = 4, fused: bool = False) -> Runner:
     import gpt_train
 
     dev = device_of(engine)
     torch.manual_seed(0)
     cfg = gpt_train.GPTConfig(layers=layers)
     model = gpt_train.GPT(cfg).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = _adamw(model.parameters(), fused)
     x, y = (t.to(dev) for t in next(gpt_train.batches(cfg, 8)))
 
     def step_fn():
@@ -266,7 +271,9 @@ def kv_decode(engine: str, bucket: int = 0, tokens: int = 48) -> Runner:
 WORKLOADS: dict[str, Callable[[str], Runner]] = {
     "chain (20 ops, 16M floats)": chain,
     "mlp train (3x512, batch 64)": mlp,
+    "mlp train, AdamW(fused=True)": lambda e: mlp(e, fused=True),
     "gpt train (4 layers, d128)": gpt,
+    "gpt train, AdamW(fused=True)": lambda e: gpt(e, fused=True),
     "convnet train (2 conv, bs 32)": convnet,
     "kv decode (48 tokens)": kv_decode,
     "kv decode, bucket 64": lambda e: kv_decode(e, bucket=64),

@@ -148,8 +148,12 @@ class TpuTensor(torch.Tensor):
         return object.__format__(self, spec)
 
     def __reduce_ex__(self, proto):
+        # PyTorch's own rebuild for device tensors without host storage (XLA's): in torch.load's
+        # weights_only allowlist, and it honours map_location, so a checkpoint saved on tpu loads
+        # on a machine without deferfuse with map_location="cpu"
         cpu = self.detach().cpu()
-        return (_rebuild, (cpu, self.requires_grad))
+        return (torch._utils._rebuild_device_tensor_from_cpu_tensor, (cpu, self.dtype, str(self.device),
+                                                                      self.requires_grad))
 
     @property
     def data(self):
@@ -166,6 +170,7 @@ class TpuTensor(torch.Tensor):
 
 
 def _rebuild(cpu: torch.Tensor, requires_grad: bool) -> torch.Tensor:
+    """Loads checkpoints written before __reduce_ex__ used PyTorch's rebuild (weights_only=False)."""
     return cpu.to(DEVICE).requires_grad_(requires_grad)
 
 

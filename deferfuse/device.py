@@ -49,6 +49,11 @@ def _make_module() -> types.ModuleType:
     def get_device_name(device=None) -> str:
         return str(jax_device())
 
+    def get_amp_supported_dtype() -> list:
+        # what torch.autocast("tpu") asks before it turns on autocast.py's rules
+        return [torch.bfloat16, torch.float16]
+
+    mod.get_amp_supported_dtype = get_amp_supported_dtype
     mod.is_available = is_available
     mod.is_initialized = is_initialized
     mod.device_count = device_count
@@ -118,6 +123,9 @@ def register() -> None:
     for op in (torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default, *_lowered_factories()):
         _impls.impl(op._schema.name.split("::")[1] + "." + op._overloadname if op._overloadname != "default"
                     else op._schema.name.split("::")[1], _factory(op), "PrivateUse1")
+    from . import autocast
+
+    autocast.register()
     _registered = True
 
 

@@ -248,7 +248,8 @@ def _recover(g: Graph, live: list, exc: Exception, cause: str, where) -> None:
         try:
             ins = [values[r] for r in node.inputs]
             scs = g.scalars[node.scalar_lo : node.scalar_lo + node.op.n_scalars]
-            outs = cache.run_single(node.op, ins, scs)
+            # a host (CPU fallback) op runs on concrete values, never under jit
+            outs = node.op.fn(ins, scs) if node.op.host else cache.run_single(node.op, ins, scs)
             for k, o in enumerate(outs):
                 values[base | k] = o
         except Exception as e:  # noqa: BLE001

@@ -92,6 +92,24 @@ def test_failed_flush_raises_at_sync_point_and_keeps_engine_usable(monkeypatch):
         assert c.cpu().tolist() == [0.0, 3.0, 6.0]
 
 
+_BOOM = torch.library.Library("deferfuse_test", "DEF")
+_BOOM.define("boom(Tensor x) -> Tensor")
+_BOOM.impl("boom", lambda x: (_ for _ in ()).throw(ValueError("the CPU kernel exploded")), "CPU")
+_BOOM.impl("boom", lambda x: torch.empty_like(x), "Meta")
+
+
+def test_failed_cpu_fallback_names_its_own_error():
+    """A CPU-fallback op whose CPU kernel raises: the flush error names the op and its error, and
+    values recorded before it stay valid (they were run op by op without tracing the host op)."""
+    with pytest.warns(UserWarning, match="deferfuse_test.boom"):
+        with pytest.raises(deferfuse.FlushError, match="deferfuse_test.boom.*ValueError: the CPU kernel exploded"):
+            with deferfuse.mode():
+                a = torch.arange(4.0, device="tpu") + 1
+                b = torch.ops.deferfuse_test.boom(a * 2)
+                b.cpu()
+    torch.testing.assert_close(a.cpu(), torch.arange(4.0) + 1)
+
+
 def test_cpu_fallback_is_counted_and_warns_once():
     x = torch.arange(6.0).reshape(2, 3)
     with pytest.warns(UserWarning, match="Falling back to CPU for 'aten.cummax.default'"):

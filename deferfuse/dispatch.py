@@ -162,9 +162,12 @@ def _out_info(meta_leaves) -> list:
 
 
 def _make_recipe(func, spec, key, args, kwargs, low=None, host=False) -> Recipe:
-    meta_out = run_meta(func, args, kwargs)
-    leaves, spec_out = flatten_outputs(meta_out)
     low = low if low is not None else LOWERINGS.get(func)
+    if low is not None and low.meta is not None:
+        meta_out = low.meta(*_meta_args(args, kwargs))
+    else:
+        meta_out = run_meta(func, args, kwargs)
+    leaves, spec_out = flatten_outputs(meta_out)
     if low is not None and low.meta_fix is not None:
         leaves = low.meta_fix(args, kwargs, leaves)
     outs = _out_info(leaves)

@@ -23,6 +23,15 @@ from .registry import aten, lowering
 _F64 = jnp.float64
 
 
+def _lists_meta(n_out):
+    """A meta kernel (PyTorch lacks some for these functional forms): fresh copies of the leading
+    list arguments, one per list returned."""
+    def meta(args, kwargs):
+        return tuple([torch.empty_like(t) for t in ts] for ts in args[:n_out])
+
+    return meta
+
+
 def _opmath(dtype):
     return jnp.float32 if dtype in HALF else dtype
 
@@ -80,7 +89,7 @@ _ADAM_RUNTIME = ("lr", "beta1", "beta2", "eps")
 
 
 @lowering(aten._fused_adam.default, aten._fused_adam.tensor_lr, family="foreach", static=_ADAM_STATIC,
-          runtime=_ADAM_RUNTIME)
+          runtime=_ADAM_RUNTIME, meta=_lists_meta(5))
 def fused_adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1, beta2,
                weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None):
     return _adam(False, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
@@ -88,7 +97,7 @@ def fused_adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_step
 
 
 @lowering(aten._fused_adamw.default, aten._fused_adamw.tensor_lr, family="foreach", static=_ADAM_STATIC,
-          runtime=_ADAM_RUNTIME)
+          runtime=_ADAM_RUNTIME, meta=_lists_meta(5))
 def fused_adamw(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1, beta2,
                 weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None):
     return _adam(True, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
@@ -96,7 +105,7 @@ def fused_adamw(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_ste
 
 
 @lowering(aten._fused_sgd.default, aten._fused_sgd.tensor_lr, family="foreach",
-          static=("weight_decay", "momentum"), runtime=("lr", "dampening"))
+          static=("weight_decay", "momentum"), runtime=("lr", "dampening"), meta=_lists_meta(3))
 def fused_sgd(params, grads, momentum_buffer_list, *, weight_decay, momentum, lr, dampening, nesterov, maximize,
               is_first_step, grad_scale=None, found_inf=None):
     lr = jnp.asarray(lr).astype(_F64)
@@ -136,26 +145,10 @@ def _adagrad(params, grads, state_sums, state_steps, lr, lr_decay, weight_decay,
     return out
 
 
-def _meta_kernel(n_out):
-    def meta(*args, **_):
-        return tuple([torch.empty_like(t) for t in ts] for ts in args[:n_out])
-
-    return meta
-
-
-# Shape inference needs a meta kernel, which PyTorch lacks for some of these functional forms:
-# each returns fresh copies of its leading list arguments, one per list it returns.
-_meta = torch.library.Library("aten", "IMPL")
-for _packet in (aten._fused_adam, aten._fused_adamw, aten._fused_sgd, aten._fused_adagrad):
-    for _ov in ("default", "tensor_lr"):
-        _op = getattr(_packet, _ov)
-        if not torch._C._dispatch_has_kernel_for_dispatch_key(_op.name(), "Meta"):
-            _meta.impl(_op.name().split("::")[1], _meta_kernel(len(_op._schema.returns)), "Meta")
-
 _ADAGRAD = dict(family="foreach", static=("weight_decay",), runtime=("lr", "lr_decay", "eps"))
 
 
-@lowering(aten._fused_adagrad.default, **_ADAGRAD)
+@lowering(aten._fused_adagrad.default, meta=_lists_meta(4), **_ADAGRAD)
 def fused_adagrad(params, grads, state_sums, state_steps, *, lr, lr_decay, weight_decay, eps, maximize,
                   grad_scale=None, found_inf=None):
     # this overload's schema also writes the step counters, which the kernel leaves as they are
@@ -163,7 +156,7 @@ def fused_adagrad(params, grads, state_sums, state_steps, *, lr, lr_decay, weigh
                       grad_scale, found_inf), list(state_steps))
 
 
-@lowering(aten._fused_adagrad.tensor_lr, **_ADAGRAD)
+@lowering(aten._fused_adagrad.tensor_lr, meta=_lists_meta(3), **_ADAGRAD)
 def fused_adagrad_tensor_lr(params, grads, state_sums, state_steps, *, lr, lr_decay, weight_decay, eps, maximize,
                             grad_scale=None, found_inf=None):
     return _adagrad(params, grads, state_sums, state_steps, lr, lr_decay, weight_decay, eps, maximize, grad_scale,

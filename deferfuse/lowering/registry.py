@@ -10,6 +10,8 @@ decorator, in one statement:
   for half types, as CPU PyTorch computes them) and the result to the result dtype.
 - `static`: Scalar arguments whose *value* matters to the program (a norm's order, an
   exponent); every other Scalar is a runtime input so a changing value never recompiles.
+- `meta`: `(meta_args, meta_kwargs) -> meta outputs`, for the few ops whose PyTorch meta kernel is
+  missing (the GRU cell, some fused optimizers) or fails (the LSTM cell without biases).
 - `runtime`: `float` arguments (which are otherwise static, like a norm's `eps`) that are runtime
   inputs instead: an optimizer's learning rate, which a scheduler changes every step.
 - `supports`: a predicate over meta arguments; calls outside it take the CPU fallback.
@@ -57,6 +59,7 @@ class Lowering:
     ctx: bool
     meta_fix: Callable | None = None
     runtime: tuple[str, ...] = ()
+    meta: Callable | None = None
 
 
 LOWERINGS: dict[Any, Lowering] = {}
@@ -73,6 +76,7 @@ def lowering(
     ctx: bool = False,
     meta_fix: Callable | None = None,
     runtime: tuple[str, ...] = (),
+    meta: Callable | None = None,
 ):
     if family not in FAMILIES:
         raise ValueError(f"unknown lowering family {family!r}")
@@ -84,7 +88,7 @@ def lowering(
             if op in LOWERINGS:
                 raise RuntimeError(f"deferfuse: {op} has two lowerings ({LOWERINGS[op].fn.__name__}, {fn.__name__})")
             LOWERINGS[op] = Lowering(op, fn, family, promote, promote_args, tuple(static), supports, rng, ctx, meta_fix,
-                                   tuple(runtime))
+                                   tuple(runtime), meta)
         return fn
 
     return register

@@ -104,8 +104,11 @@ class Plan:
             # a value read for the last time leaves env, so the step may donate its buffer
             ins = [env.pop(r) if k in dies else env[r] for k, r in enumerate(grp.in_refs)]
             if grp.host:
+                # the group's inputs are distinct values; the op takes its own argument list, in
+                # which one value may appear twice (`op(x, x)`)
                 node = g.nodes[grp.nodes[0]]
-                outs = program.run_host(node, ins, g.scalars)
+                local = dict(zip(grp.in_refs, ins))
+                outs = program.run_host(node, [local[r] for r in node.inputs], g.scalars)
                 base = grp.nodes[0] << OUT_BITS
                 for k, o in enumerate(outs):
                     env[base | k] = o

@@ -96,6 +96,19 @@ _BOOM = torch.library.Library("deferfuse_test", "DEF")
 _BOOM.define("boom(Tensor x) -> Tensor")
 _BOOM.impl("boom", lambda x: (_ for _ in ()).throw(ValueError("the CPU kernel exploded")), "CPU")
 _BOOM.impl("boom", lambda x: torch.empty_like(x), "Meta")
+_BOOM.define("pair(Tensor a, Tensor b) -> Tensor")
+_BOOM.impl("pair", lambda a, b: a * 2 + b, "CPU")
+_BOOM.impl("pair", lambda a, b: torch.empty_like(a), "Meta")
+
+
+def test_cpu_fallback_taking_one_tensor_twice():
+    """A recorded CPU-fallback op given the same tensor in two arguments gets it in both."""
+    x = torch.arange(4.0)
+    with pytest.warns(UserWarning, match="deferfuse_test.pair"):
+        with deferfuse.mode():
+            t = x.to("tpu") + 1
+            got = (torch.ops.deferfuse_test.pair(t, t) + torch.ops.deferfuse_test.pair(t, t * 3)).cpu()
+    torch.testing.assert_close(got, (x + 1) * 3 + (x + 1) * 5)
 
 
 def test_failed_cpu_fallback_names_its_own_error():

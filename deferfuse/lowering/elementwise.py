@@ -426,3 +426,15 @@ def gelu_backward(grad, x, *, approximate="none"):
 def silu_backward(grad, x):
     s = jax.nn.sigmoid(x)
     return grad * s * (1 + x * (1 - s))
+
+
+
+@lowering(aten.polar.default)
+def polar(abs, angle):
+    return jax.lax.complex(*jnp.broadcast_arrays(abs * jnp.cos(angle), abs * jnp.sin(angle)))
+
+
+@lowering(aten.complex.default)
+def complex_(real, imag):
+    # lax.complex, not real + 1j * imag: an infinite imag would make the real part NaN
+    return jax.lax.complex(*jnp.broadcast_arrays(real, imag))

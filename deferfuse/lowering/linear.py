@@ -9,8 +9,10 @@ GPT step, its 17 linear layers made about 40 % of all dispatches. Claimed at its
 forward and `deferfuse::linear_backward` backward, each lowered to JAX; the backward is the VJP
 of the forward, so the two cannot drift apart.
 
-Only the plain case is claimed: real floating tensors (float32/float64) of one dtype, all on
-"tpu", a 2-D weight, a 1-D bias or none, matching sizes. Anything else (other dtypes, mixed
+Only the plain case is claimed: floating tensors (float32/float64, and the half types, which are
+multiplied in float32 and rounded once, as CPU's matrix products do, so autocast's bfloat16 layers
+are claimed too) of one dtype, all on "tpu", a 2-D weight, a 1-D bias or none, matching sizes.
+Anything else (integer or complex dtypes, mixed
 devices, shape errors, forward-mode AD, functorch transforms) goes to PyTorch's own expansion,
 which computes or raises exactly as before. With `create_graph=True` the backward rebuilds
 PyTorch's expansion and differentiates it, so higher-order gradients are PyTorch's own.
@@ -22,6 +24,7 @@ import jax.numpy as jnp
 import torch
 import torch.autograd.forward_ad as _fwad
 
+from ..dtypes import HALF
 from ..tensor import TpuTensor
 from .registry import lowering
 
@@ -47,13 +50,19 @@ def _forward(x, w, b):
     return y if b is None else y + b
 
 
+def _up(*ts):
+    """Half types computed in float32 (the results are rounded to the meta dtype once, at the end)."""
+    return [None if t is None else t.astype(jnp.float32) if t.dtype in HALF else t for t in ts]
+
+
 @lowering(LINEAR, family="matmul")
 def linear(x, w, b):
-    return _forward(x, w, b)
+    return _forward(*_up(x, w, b))
 
 
 @lowering(LINEAR_BACKWARD, family="matmul")
 def linear_backward(grad, x, w, b):
+    grad, x, w, b = _up(grad, x, w, b)
     if b is None:
         _, vjp = jax.vjp(lambda x_, w_: _forward(x_, w_, None), x, w)
         gx, gw = vjp(grad.astype(x.dtype))
@@ -92,7 +101,7 @@ def _differentiable_backward(grad, x, w, b, need):
 
 
 _functorch_active = torch._C._are_functorch_transforms_active
-_CLAIMED = (torch.float32, torch.float64)
+_CLAIMED = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
 def _claimable(x, w, b) -> bool:

@@ -7,6 +7,7 @@ import inspect
 import io
 from contextlib import redirect_stdout
 
+import pytest
 import torch
 
 import deferfuse
@@ -187,26 +188,32 @@ def test_repeated_blocks_compile_once_whatever_the_depth(monkeypatch):
     assert 0 < built[16] <= built[6], built
 
 
-def test_optimizer_update_of_repeated_layers_shares_programs():
-    """A foreach optimizer over many identical layers splits its lists at layer boundaries; each
-    layer's update is a program of its own, one program for all of them, and the result is
-    AdamW's on CPU."""
+@pytest.mark.parametrize("fused", [False, True])
+def test_optimizer_update_of_repeated_layers_shares_programs(fused):
+    """A foreach optimizer (or a fused one's single kernel) over many identical layers splits its
+    lists at layer boundaries; each layer's update is a program of its own, one program for all
+    of them, and the result is AdamW's on CPU."""
     torch.manual_seed(0)
     layers = 10
     cpu = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(layers)])
     tpu = copy.deepcopy(cpu).to("tpu")
-    opts = [torch.optim.AdamW(m.parameters(), lr=0.1, foreach=True) for m in (cpu, tpu)]
+    how = {"fused": True} if fused else {"foreach": True}
+    opts = [torch.optim.AdamW(m.parameters(), lr=0.1, **how) for m in (cpu, tpu)]
     x = torch.randn(2, 4)
     for step in range(3):
         for m, opt, xx in ((cpu, opts[0], x), (tpu, opts[1], x.to("tpu"))):
             ctx = deferfuse.mode() if m is tpu else contextlib.nullcontext()
             with ctx:
                 m(xx).square().sum().backward()
+                before = deferfuse.metrics()["ops_recorded"]
                 opt.step()
+                recorded = deferfuse.metrics()["ops_recorded"] - before
                 opt.zero_grad()
     for a, b in zip(cpu.parameters(), tpu.parameters()):
         torch.testing.assert_close(b.cpu(), a)
     assert lanes.chunks(list(tpu.parameters())) == [(k, k + 2) for k in range(0, 2 * layers, 2)]
+    if fused:  # the step counters' _foreach_add_ and the kernel, each split per layer (unsplit: 2)
+        assert recorded == 2 * layers, recorded
     from deferfuse import cache
 
     lane_groups = [s for p in cache._PLANS.values() for s in p.steps if s.group.why == "repeated lanes"]

@@ -1,17 +1,12 @@
 """Optimizers with `fused=True` (one ATen kernel per step) on tpu match the same fused kernels on CPU."""
 from __future__ import annotations
 
-import contextlib
-import copy
-
 import pytest
 import torch
 
 import deferfuse
 from conftest import MODES, check_all_modes
-from deferfuse import lanes
 
-aten = torch.ops.aten
 
 def _fused_cases():
     """PyTorch's own optimizer test inputs (common_optimizers.optim_db) for every optimizer with a
@@ -99,33 +94,6 @@ def test_grad_scale_unscales_and_found_inf_skips_the_step(mode, skip):
     with deferfuse.mode(mode):
         got = [t.cpu() for t in run("tpu")]
     torch.testing.assert_close(got, expected)
-
-
-def test_fused_step_records_one_node_and_splits_per_layer():
-    """Over repeated layers the in-place kernel splits its lists per layer like a foreach op
-    (lanes.py): the update is correct and each layer's piece is a node of its own."""
-    torch.manual_seed(0)
-    layers = 10
-    cpu = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(layers)])
-    tpu = copy.deepcopy(cpu).to("tpu")
-    opts = [torch.optim.AdamW(m.parameters(), lr=0.1, fused=True) for m in (cpu, tpu)]
-    x = torch.randn(2, 4)
-    for step in range(3):
-        for m, opt, xx in ((cpu, opts[0], x), (tpu, opts[1], x.to("tpu"))):
-            ctx = deferfuse.mode() if m is tpu else contextlib.nullcontext()
-            with ctx:
-                m(xx).square().sum().backward()
-                if m is tpu:
-                    before = deferfuse.metrics()["ops_recorded"]
-                opt.step()
-                if m is tpu:
-                    recorded = deferfuse.metrics()["ops_recorded"] - before
-                opt.zero_grad()
-    assert lanes.chunks(list(tpu.parameters())) is not None
-    # the step counters' _foreach_add_ and the kernel, each split per layer (unsplit: 2 nodes)
-    assert recorded == 2 * layers, recorded
-    for a, b in zip(cpu.parameters(), tpu.parameters()):
-        torch.testing.assert_close(b.cpu(), a)
 
 
 @pytest.mark.parametrize("fused", [False, True])

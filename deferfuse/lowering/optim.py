@@ -84,24 +84,18 @@ def _adam(adamw, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_st
     return out
 
 
-_ADAM_STATIC = ("weight_decay",)
-_ADAM_RUNTIME = ("lr", "beta1", "beta2", "eps")
+def _adam_kernel(adamw: bool):
+    def fused(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1, beta2,
+              weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None):
+        return _adam(adamw, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1,
+                     beta2, weight_decay, eps, amsgrad, maximize, grad_scale, found_inf)
+
+    return fused
 
 
-@lowering(aten._fused_adam.default, aten._fused_adam.tensor_lr, family="foreach", static=_ADAM_STATIC,
-          runtime=_ADAM_RUNTIME, meta=_lists_meta(5))
-def fused_adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1, beta2,
-               weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None):
-    return _adam(False, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
-                 weight_decay, eps, amsgrad, maximize, grad_scale, found_inf)
-
-
-@lowering(aten._fused_adamw.default, aten._fused_adamw.tensor_lr, family="foreach", static=_ADAM_STATIC,
-          runtime=_ADAM_RUNTIME, meta=_lists_meta(5))
-def fused_adamw(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1, beta2,
-                weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None):
-    return _adam(True, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
-                 weight_decay, eps, amsgrad, maximize, grad_scale, found_inf)
+for _packet, _adamw in ((aten._fused_adam, False), (aten._fused_adamw, True)):
+    lowering(_packet.default, _packet.tensor_lr, family="foreach", static=("weight_decay",),
+             runtime=("lr", "beta1", "beta2", "eps"), meta=_lists_meta(5))(_adam_kernel(_adamw))
 
 
 @lowering(aten._fused_sgd.default, aten._fused_sgd.tensor_lr, family="foreach",

@@ -13,6 +13,8 @@ explicit `dtype=` keeps it.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch.utils._pytree import tree_map
 
@@ -63,7 +65,7 @@ def _rule(op, policy: str):
             dtype = None if kwargs.get("dtype") is not None else torch.float32
         else:
             dts = [x.dtype for x in torch.utils._pytree.tree_leaves((args, kwargs)) if _is_castable(x)]
-            dtype = max(dts, key=lambda d: d.itemsize) if dts else None
+            dtype = functools.reduce(torch.promote_types, dts) if dts else None  # fp16 + bf16: fp32
         if dtype is not None:
             args, kwargs = _cast((args, kwargs), dtype)
         with torch._C._ExcludeDispatchKeyGuard(_EXCLUDE):

@@ -25,6 +25,7 @@ def test_each_policy_gives_cudas_dtypes(mode):
         assert F.layer_norm(h, (8,)).dtype == torch.float32
         assert h.exp().dtype == torch.float32 and h.sum().dtype == torch.float32
         assert torch.cat([h, x]).dtype == torch.float32  # promote: the widest
+        assert torch.cat([h, h.half()]).dtype == torch.float32  # float16 with bfloat16: float32
         assert (x.double() @ w.double()).dtype == torch.float64  # float64 is never cast
     with deferfuse.mode(mode), torch.autocast("tpu", dtype=torch.float16):
         assert (x @ w).dtype == torch.float16

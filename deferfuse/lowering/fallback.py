@@ -142,7 +142,7 @@ def run_now(func, args, kwargs):
 
 def host_fn(func, tmpl, outs):
     """The trace-free body of a recorded host node: jax arrays in, jax arrays out."""
-    from . import finalize
+    from . import _flatten, finalize
 
     name = str(func)
 
@@ -158,13 +158,7 @@ def host_fn(func, tmpl, outs):
         kwargs = {k: _to_cpu(v) for k, v in fill(tmpl[1], tins, tscs).items()}
         with torch.utils._python_dispatch._disable_current_modes():
             res = func(*args, **kwargs)
-        leaves = res if isinstance(res, (list, tuple)) else [res]
-        flat = []
-        for r in leaves:
-            if isinstance(r, (list, tuple)):
-                flat.extend(r)
-            else:
-                flat.append(r)
+        flat = _flatten(res)  # None (an output CPU leaves undefined) is not a leaf
         arrays = [jax.device_put(np.array(torch_to_numpy(r), copy=True)) for r in flat]
         return finalize(name, arrays, outs)
 

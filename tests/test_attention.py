@@ -3,6 +3,8 @@ CPU's values and gradients, one node forward and one backward whatever the incom
 layout."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -39,3 +41,50 @@ def test_backward_is_one_node_for_a_non_contiguous_gradient():
         recorded = deferfuse.metrics()["ops_recorded"] - before
     assert recorded == 1  # sdpa_backward reads the view itself: no copy to make it contiguous
     assert q.grad is not None and k.grad is not None and v.grad is not None
+
+
+@pytest.mark.parametrize("masks", ["none", "attn", "key_padding", "both"])
+@pytest.mark.parametrize("need_weights,average", [(True, True), (True, False), (False, True)])
+def test_multihead_attention_inference_fast_path_matches_cpu(masks, need_weights, average):
+    """nn.MultiheadAttention in eval mode under no_grad takes PyTorch's fused path
+    (_native_multi_head_attention): lowered, with CPU's results, masks and weights."""
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    x = torch.randn(2, 5, 16)
+    g = torch.Generator().manual_seed(1)
+    attn = (torch.rand(5, 5, generator=g) > 0.7).fill_diagonal_(False) if masks in ("attn", "both") else None
+    pad = torch.tensor([[False] * 5, [False] * 3 + [True] * 2]) if masks in ("key_padding", "both") else None
+
+    def run(d):
+        m = copy.deepcopy(mha).to(d)
+        with torch.no_grad():
+            out, w = m(x.to(d), x.to(d), x.to(d), key_padding_mask=None if pad is None else pad.to(d),
+                       attn_mask=None if attn is None else attn.to(d), need_weights=need_weights,
+                       average_attn_weights=average)
+        return [out, torch.tensor(w is None) if w is None else w]
+
+    check_all_modes(run, rtol=1e-5, atol=1e-5)
+    assert "aten._native_multi_head_attention.default" not in deferfuse.metrics()["cpu_fallbacks"]
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("masks", ["none", "src_mask", "key_padding"])
+def test_transformer_encoder_layer_inference_fast_path_matches_cpu(norm_first, activation, masks):
+    """nn.TransformerEncoderLayer in eval mode under no_grad runs as one fused ATen op
+    (_transformer_encoder_layer_fwd): lowered, with CPU's results."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True, norm_first=norm_first,
+                                             activation=activation).eval()
+    x = torch.randn(2, 5, 16)
+    kw = {"src_mask": torch.rand(5, 5, generator=torch.Generator().manual_seed(1)) > 0.7,
+          "src_key_padding_mask": torch.tensor([[False] * 5, [False] * 3 + [True] * 2])}
+    kw = {k: v for k, v in kw.items() if masks != "none" and k.endswith(masks)}
+
+    def run(d):
+        m = copy.deepcopy(layer).to(d)
+        with torch.no_grad():
+            return m(x.to(d), **{k: v.to(d) for k, v in kw.items()})
+
+    check_all_modes(run, rtol=1e-5, atol=1e-5)
+    assert not deferfuse.metrics()["cpu_fallbacks"]

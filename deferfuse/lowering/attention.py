@@ -115,3 +115,100 @@ def _sdpa_autograd(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scal
 
 
 _impl.impl("scaled_dot_product_attention", _sdpa_autograd, "AutogradPrivateUse1")
+
+
+# --- nn.MultiheadAttention's inference fast path -----------------------------------------------
+
+
+def _mha_args(args, kwargs):
+    names = ("query", "key", "value", "embed_dim", "num_head", "qkv_weight", "qkv_bias", "proj_weight",
+             "proj_bias", "mask", "need_weights", "average_attn_weights", "mask_type")
+    got = dict(zip(names, args), **kwargs)
+    got.setdefault("mask", None)
+    got.setdefault("need_weights", True)
+    got.setdefault("mask_type", None)
+    return got
+
+
+def _mha_supported(args, kwargs):
+    """Query/key/value of one shape and a mask with its type given, as CPU's kernel requires;
+    anything else runs there and raises as CPU does."""
+    a = _mha_args(args, kwargs)
+    same = a["query"].shape == a["key"].shape == a["value"].shape
+    return same and (a["mask"] is None or a["mask_type"] in (0, 1, 2))
+
+
+def _mha_meta(args, kwargs):
+    # PyTorch's meta gives an empty tensor for unrequested weights; CPU's kernel returns None
+    out, weights = torch.ops.aten._native_multi_head_attention.default(*args, **kwargs)
+    return out, (weights if _mha_args(args, kwargs)["need_weights"] else None)
+
+
+def _mha(query, key, value, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type, up):
+    """(output, attention probabilities per head), computed in `up`."""
+    b, n, e = query.shape
+    dh = e // num_head
+    wq, wk, wv = jnp.split(qkv_weight.astype(up), 3)
+    bq, bk, bv = jnp.split(qkv_bias.astype(up), 3)
+
+    def heads(x, w, bias):
+        return (x.astype(up) @ w.T + bias).reshape(b, -1, num_head, dh).transpose(0, 2, 1, 3)
+
+    q, k, v = heads(query, wq, bq), heads(key, wk, bk), heads(value, wv, bv)
+    scores = (q / jnp.sqrt(jnp.asarray(dh, up))) @ k.transpose(0, 1, 3, 2)
+    if mask is not None:
+        # CPU's kernel masks out where the mask is true or, for the float masks MultiheadAttention
+        # passes (0 and -inf), nonzero; a fully masked row is NaN there too
+        m = mask != 0
+        m = m[:, None, None, :] if mask_type == 1 else m
+        scores = jnp.where(m, -jnp.inf, scores)
+    attn = jax.nn.softmax(scores, axis=-1)
+    out = (attn @ v).transpose(0, 2, 1, 3).reshape(b, n, e) @ proj_weight.astype(up).T + proj_bias.astype(up)
+    return out, attn
+
+
+def _up(dt):
+    return jnp.float32 if dt in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)) else dt
+
+
+@lowering(torch.ops.aten._native_multi_head_attention.default, family="matmul", supports=_mha_supported,
+          meta=_mha_meta)
+def native_multi_head_attention(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight,
+                                proj_bias, mask=None, need_weights=True, average_attn_weights=True,
+                                mask_type=None):
+    out, attn = _mha(query, key, value, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type,
+                     _up(query.dtype))
+    if not need_weights:
+        return out, None
+    return out, attn.mean(axis=1) if average_attn_weights else attn
+
+
+def _encoder_layer_supported(args, kwargs):
+    names = ("src", "embed_dim", "num_heads") + ("_",) * 15 + ("mask", "mask_type")
+    a = dict(zip(names, args), **kwargs)
+    return a.get("mask") is None or a.get("mask_type") in (0, 1, 2)
+
+
+@lowering(torch.ops.aten._transformer_encoder_layer_fwd.default, family="matmul",
+          supports=_encoder_layer_supported, static=("eps",))
+def transformer_encoder_layer(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, use_gelu,
+                              norm_first, eps, norm_weight_1, norm_bias_1, norm_weight_2, norm_bias_2, ffn_weight_1,
+                              ffn_bias_1, ffn_weight_2, ffn_bias_2, mask=None, mask_type=None):
+    """nn.TransformerEncoderLayer's inference fast path, in the order of CPU's kernel."""
+    up = _up(src.dtype)
+
+    def norm(x, w, b):
+        mean = x.mean(-1, keepdims=True)
+        var = ((x - mean) ** 2).mean(-1, keepdims=True)
+        return (x - mean) * jax.lax.rsqrt(var + eps) * w.astype(up) + b.astype(up)
+
+    src = src.astype(up)
+    x = norm(src, norm_weight_1, norm_bias_1) if norm_first else src
+    x = _mha(x, x, x, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type, up)[0] + src
+    if not norm_first:
+        x = norm(x, norm_weight_1, norm_bias_1)
+    y = norm(x, norm_weight_2, norm_bias_2) if norm_first else x
+    y = y @ ffn_weight_1.astype(up).T + ffn_bias_1.astype(up)
+    y = jax.nn.gelu(y, approximate=False) if use_gelu else jax.nn.relu(y)
+    x = x + y @ ffn_weight_2.astype(up).T + ffn_bias_2.astype(up)
+    return x if norm_first else norm(x, norm_weight_2, norm_bias_2)

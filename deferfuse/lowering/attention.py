@@ -45,9 +45,14 @@ def _sdpa_backward_fake(grad, q, k, v, mask, causal, scale, gqa):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
+def _up(dt):
+    """The dtype attention computes in: float32 for the half types, as CPU's kernels do."""
+    return jnp.float32 if dt in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)) else dt
+
+
 def _attend(q, k, v, mask, causal, scale, gqa):
     dt = q.dtype
-    up = jnp.float32 if dt in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)) else dt
+    up = _up(dt)
     q, k, v = q.astype(up), k.astype(up), v.astype(up)
     if gqa and k.ndim >= 3 and k.shape[-3] != q.shape[-3]:
         rep = q.shape[-3] // k.shape[-3]
@@ -117,7 +122,7 @@ def _sdpa_autograd(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scal
 _impl.impl("scaled_dot_product_attention", _sdpa_autograd, "AutogradPrivateUse1")
 
 
-# --- nn.MultiheadAttention's inference fast path -----------------------------------------------
+# --- the inference fast paths of nn.MultiheadAttention and nn.TransformerEncoderLayer ------------
 
 
 def _mha_args(args, kwargs):
@@ -165,10 +170,6 @@ def _mha(query, key, value, num_head, qkv_weight, qkv_bias, proj_weight, proj_bi
     attn = jax.nn.softmax(scores, axis=-1)
     out = (attn @ v).transpose(0, 2, 1, 3).reshape(b, n, e) @ proj_weight.astype(up).T + proj_bias.astype(up)
     return out, attn
-
-
-def _up(dt):
-    return jnp.float32 if dt in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)) else dt
 
 
 @lowering(torch.ops.aten._native_multi_head_attention.default, family="matmul", supports=_mha_supported,

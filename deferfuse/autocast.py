@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 aten = torch.ops.aten
 
@@ -64,7 +64,7 @@ def _rule(op, policy: str):
             # only lower-precision inputs move up; an explicit dtype= wins, as in CUDA's rule
             dtype = None if kwargs.get("dtype") is not None else torch.float32
         else:
-            dts = [x.dtype for x in torch.utils._pytree.tree_leaves((args, kwargs)) if _is_castable(x)]
+            dts = [x.dtype for x in tree_leaves((args, kwargs)) if _is_castable(x)]
             dtype = functools.reduce(torch.promote_types, dts) if dts else None  # fp16 + bf16: fp32
         if dtype is not None:
             args, kwargs = _cast((args, kwargs), dtype)

@@ -533,11 +533,12 @@ def route_mutating(func, args, kwargs):
     key, tensors, scalars = signature(spec, args, kwargs)
     if kind[0] == "inplace":
         writes = kind[3]
-        target = args[0] if len(writes) == 1 else _written(func, writes, args, kwargs)
+        several = len(writes) > 1
+        target = _written(func, writes, args, kwargs) if several else args[0]
         r = _INPLACE.get(key)
         if r is not None and _replaceable(r, target):
             _emit_into(r, tensors, scalars, target)
-            if len(writes) > 1:
+            if several:
                 return args[0] if func._schema.returns else None
             return None if type(target) is list or type(target) is tuple else target
         _check_meta(func, key, args, kwargs)
@@ -546,14 +547,14 @@ def route_mutating(func, args, kwargs):
             args, kwargs = _fill_defaults(fill, args, kwargs)
         result = dispatch(kind[1], args, kwargs)
         if isinstance(target, (list, tuple)):
-            if len(writes) > 1:
+            if several:
                 result = _flat(result)
             for t, res in zip(target, result):
                 _check_inplace_shape(t, res)
                 special.assign(t, res)
             if not fill:
                 _learn_inplace(kind[1], key, args, kwargs, tensors, scalars, target)
-            return args[0] if len(writes) > 1 and func._schema.returns else None
+            return args[0] if several and func._schema.returns else None
         _check_inplace_shape(target, result)
         special.assign(target, result)
         if not fill:

@@ -48,6 +48,11 @@ _BITCAST_VIA = {
 HALF = (jnp.dtype(jnp.float16), jnp.dtype(ml_dtypes.bfloat16))
 
 
+def compute_dtype(dtype):
+    """The dtype a lowering computes a `dtype` value in: float32 for a half type, else itself."""
+    return jnp.float32 if dtype in HALF else dtype
+
+
 def up_half(x):
     """x in float32 if it is a half type, else unchanged."""
     return x.astype(jnp.float32) if x.dtype in HALF else x

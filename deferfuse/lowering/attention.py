@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from ..dtypes import compute_dtype
 from ..tensor import TpuTensor
 from .registry import lowering
 
@@ -45,14 +46,9 @@ def _sdpa_backward_fake(grad, q, k, v, mask, causal, scale, gqa):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def _up(dt):
-    """The dtype attention computes in: float32 for the half types, as CPU's kernels do."""
-    return jnp.float32 if dt in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)) else dt
-
-
 def _attend(q, k, v, mask, causal, scale, gqa):
     dt = q.dtype
-    up = _up(dt)
+    up = compute_dtype(dt)
     q, k, v = q.astype(up), k.astype(up), v.astype(up)
     if gqa and k.ndim >= 3 and k.shape[-3] != q.shape[-3]:
         rep = q.shape[-3] // k.shape[-3]
@@ -125,28 +121,29 @@ _impl.impl("scaled_dot_product_attention", _sdpa_autograd, "AutogradPrivateUse1"
 # --- the inference fast paths of nn.MultiheadAttention and nn.TransformerEncoderLayer ------------
 
 
-def _mha_args(args, kwargs):
-    names = ("query", "key", "value", "embed_dim", "num_head", "qkv_weight", "qkv_bias", "proj_weight",
-             "proj_bias", "mask", "need_weights", "average_attn_weights", "mask_type")
-    got = dict(zip(names, args), **kwargs)
-    got.setdefault("mask", None)
-    got.setdefault("need_weights", True)
-    got.setdefault("mask_type", None)
+def _bound(op, args, kwargs) -> dict:
+    """The call's arguments by schema name, defaults filled in."""
+    got = {a.name: a.default_value for a in op._schema.arguments if a.has_default_value()}
+    got.update(zip([a.name for a in op._schema.arguments], args), **kwargs)
     return got
+
+
+_MHA = torch.ops.aten._native_multi_head_attention.default
+_ENCODER_LAYER = torch.ops.aten._transformer_encoder_layer_fwd.default
 
 
 def _mha_supported(args, kwargs):
     """Query/key/value of one shape and a mask with its type given, as CPU's kernel requires;
     anything else runs there and raises as CPU does."""
-    a = _mha_args(args, kwargs)
+    a = _bound(_MHA, args, kwargs)
     same = a["query"].shape == a["key"].shape == a["value"].shape
     return same and (a["mask"] is None or a["mask_type"] in (0, 1, 2))
 
 
 def _mha_meta(args, kwargs):
     # PyTorch's meta gives an empty tensor for unrequested weights; CPU's kernel returns None
-    out, weights = torch.ops.aten._native_multi_head_attention.default(*args, **kwargs)
-    return out, (weights if _mha_args(args, kwargs)["need_weights"] else None)
+    out, weights = _MHA(*args, **kwargs)
+    return out, (weights if _bound(_MHA, args, kwargs)["need_weights"] else None)
 
 
 def _mha(query, key, value, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type, up):
@@ -172,31 +169,28 @@ def _mha(query, key, value, num_head, qkv_weight, qkv_bias, proj_weight, proj_bi
     return out, attn
 
 
-@lowering(torch.ops.aten._native_multi_head_attention.default, family="matmul", supports=_mha_supported,
-          meta=_mha_meta)
+@lowering(_MHA, family="matmul", supports=_mha_supported, meta=_mha_meta)
 def native_multi_head_attention(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight,
                                 proj_bias, mask=None, need_weights=True, average_attn_weights=True,
                                 mask_type=None):
     out, attn = _mha(query, key, value, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type,
-                     _up(query.dtype))
+                     compute_dtype(query.dtype))
     if not need_weights:
         return out, None
     return out, attn.mean(axis=1) if average_attn_weights else attn
 
 
 def _encoder_layer_supported(args, kwargs):
-    names = ("src", "embed_dim", "num_heads") + ("_",) * 15 + ("mask", "mask_type")
-    a = dict(zip(names, args), **kwargs)
-    return a.get("mask") is None or a.get("mask_type") in (0, 1, 2)
+    a = _bound(_ENCODER_LAYER, args, kwargs)
+    return a["mask"] is None or a["mask_type"] in (0, 1, 2)
 
 
-@lowering(torch.ops.aten._transformer_encoder_layer_fwd.default, family="matmul",
-          supports=_encoder_layer_supported, static=("eps",))
+@lowering(_ENCODER_LAYER, family="matmul", supports=_encoder_layer_supported, static=("eps",))
 def transformer_encoder_layer(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, use_gelu,
                               norm_first, eps, norm_weight_1, norm_bias_1, norm_weight_2, norm_bias_2, ffn_weight_1,
                               ffn_bias_1, ffn_weight_2, ffn_bias_2, mask=None, mask_type=None):
     """nn.TransformerEncoderLayer's inference fast path, in the order of CPU's kernel."""
-    up = _up(src.dtype)
+    up = compute_dtype(src.dtype)
 
     def norm(x, w, b):
         mean = x.mean(-1, keepdims=True)

@@ -428,7 +428,6 @@ def silu_backward(grad, x):
     return grad * s * (1 + x * (1 - s))
 
 
-
 @lowering(aten.polar.default)
 def polar(abs, angle):
     return jax.lax.complex(*jnp.broadcast_arrays(abs * jnp.cos(angle), abs * jnp.sin(angle)))

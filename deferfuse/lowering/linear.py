@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import torch
 import torch.autograd.forward_ad as _fwad
 
-from ..dtypes import HALF
+from ..dtypes import up_half
 from ..tensor import TpuTensor
 from .registry import lowering
 
@@ -52,7 +52,7 @@ def _forward(x, w, b):
 
 def _up(*ts):
     """Half types computed in float32 (the results are rounded to the meta dtype once, at the end)."""
-    return [None if t is None else t.astype(jnp.float32) if t.dtype in HALF else t for t in ts]
+    return [None if t is None else up_half(t) for t in ts]
 
 
 @lowering(LINEAR, family="matmul")

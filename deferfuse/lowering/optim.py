@@ -17,7 +17,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import torch
 
-from ..dtypes import HALF
+from ..dtypes import compute_dtype
 from .registry import aten, lowering
 
 _F64 = jnp.float64
@@ -30,10 +30,6 @@ def _lists_meta(n_out):
         return tuple([torch.empty_like(t) for t in ts] for ts in args[:n_out])
 
     return meta
-
-
-def _opmath(dtype):
-    return jnp.float32 if dtype in HALF else dtype
 
 
 def _skip(found_inf, old, new):
@@ -59,7 +55,7 @@ def _adam(adamw, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_st
     lr = jnp.asarray(lr).astype(_F64)
     out = ([], [], [], [], [])
     for i, (p, g, m, v, s) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs, state_steps)):
-        ct = _opmath(p.dtype)
+        ct = compute_dtype(p.dtype)
         g32, g_back = _grad(g, ct, grad_scale, maximize)
         p32 = p.astype(ct)
         if weight_decay != 0:
@@ -105,7 +101,7 @@ def fused_sgd(params, grads, momentum_buffer_list, *, weight_decay, momentum, lr
     lr = jnp.asarray(lr).astype(_F64)
     out = ([], [], [])
     for i, (p, g) in enumerate(zip(params, grads)):
-        ct = _opmath(p.dtype)
+        ct = compute_dtype(p.dtype)
         g32, g_back = _grad(g, ct, grad_scale, maximize)
         p32 = p.astype(ct)
         if weight_decay != 0:
@@ -126,7 +122,7 @@ def _adagrad(params, grads, state_sums, state_steps, lr, lr_decay, weight_decay,
     lr = jnp.asarray(lr).astype(_F64)
     out = ([], [], [])
     for p, g, ss, s in zip(params, grads, state_sums, state_steps):
-        ct = _opmath(p.dtype)
+        ct = compute_dtype(p.dtype)
         g32, g_back = _grad(g, ct, grad_scale, maximize)
         p32 = p.astype(ct)
         if weight_decay != 0:

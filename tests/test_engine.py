@@ -4,6 +4,8 @@ from __future__ import annotations
 import inspect
 import traceback
 
+import warnings
+
 import pytest
 import torch
 
@@ -100,6 +102,9 @@ _BOOM.impl("boom", lambda x: torch.empty_like(x), "Meta")
 _BOOM.define("pair(Tensor a, Tensor b) -> Tensor")
 _BOOM.impl("pair", lambda a, b: a * 2 + b, "CPU")
 _BOOM.impl("pair", lambda a, b: torch.empty_like(a), "Meta")
+_BOOM.define("crooked(Tensor x) -> Tensor")
+_BOOM.impl("crooked", lambda x: x.flip(0) * 2, "CPU")
+_BOOM.impl("crooked", lambda x: x.no_such_attribute, "Meta")  # a meta kernel with a bug
 
 
 def test_cpu_fallback_taking_one_tensor_twice():
@@ -110,6 +115,19 @@ def test_cpu_fallback_taking_one_tensor_twice():
             t = x.to("tpu") + 1
             got = (torch.ops.deferfuse_test.pair(t, t) + torch.ops.deferfuse_test.pair(t, t * 3)).cpu()
     torch.testing.assert_close(got, (x + 1) * 3 + (x + 1) * 5)
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_cpu_fallback_whose_meta_kernel_crashes_runs_at_once(mode):
+    """A fallback op's meta kernel that crashes (any exception, not only NotImplementedError)
+    cannot give the shapes a recorded host node needs: the op runs at once on CPU instead."""
+    x = torch.arange(5.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fallback warns once per process
+        with deferfuse.mode(mode):
+            got = (torch.ops.deferfuse_test.crooked(x.to("tpu") + 1) - 1).cpu()
+    torch.testing.assert_close(got, (x + 1).flip(0) * 2 - 1)
+    assert deferfuse.metrics()["cpu_fallbacks"] == {"deferfuse_test.crooked.default": 1}
 
 
 def test_failed_cpu_fallback_names_its_own_error():

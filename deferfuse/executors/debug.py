@@ -3,8 +3,9 @@
 - Floating outputs are checked for NaN/Inf. Only the op that *introduces* a non-finite value
   raises (its inputs and scalar arguments were finite), so an intentional `-inf` mask or a NaN
   already present upstream does not stop the run; DEFERFUSE_DEBUG_NAN_CHECK=0 turns it off.
-- Indexing ops check their indices on the host first; an out-of-range index raises exactly the
-  exception CPU PyTorch raises (obtained by running the op on CPU), at the user's line.
+- Indexing ops check their indices on the host first, and multinomial its weights; an
+  out-of-range index or an invalid distribution raises exactly the exception CPU PyTorch raises
+  (obtained by running the op on CPU), at the user's line.
 
 Strict and DeferAndFuse pay for none of this.
 """
@@ -58,6 +59,8 @@ class DebugExecutor(Executor):
         spec = _INDEXED.get(func)
         if spec is not None:
             _check_indices(func, spec, args, kwargs)
+        elif func is aten.multinomial.default:
+            _check_weights(func, args, kwargs)
         if CONFIG.debug_nan_check:
             self._inputs_finite = _all_finite(args, kwargs)
 
@@ -115,7 +118,17 @@ def _check_indices(func, spec, args, kwargs) -> None:
             _raise_like_cpu(func, args, kwargs, f"index {hi if hi >= n else lo} is out of bounds for size {n}")
 
 
-def _raise_like_cpu(func, args, kwargs, fallback_msg: str) -> None:
+def _check_weights(func, args, kwargs) -> None:
+    """multinomial's weights: CPU rejects negative or non-finite ones and a row summing to zero."""
+    w = args[0]
+    if not isinstance(w, TpuTensor) or w.numel() == 0:
+        return
+    v = engine.concrete(w, "debug_op", None).astype(jnp.float32)
+    if not bool(jnp.isfinite(v).all()) or bool((v < 0).any()) or bool((v.sum(-1) <= 0).any()):
+        _raise_like_cpu(func, args, kwargs, "invalid multinomial distribution", RuntimeError)
+
+
+def _raise_like_cpu(func, args, kwargs, fallback_msg: str, exc: type = IndexError) -> None:
     """Raise what CPU PyTorch raises for this call (same type, same message)."""
 
     def cpu(x):
@@ -132,4 +145,4 @@ def _raise_like_cpu(func, args, kwargs, fallback_msg: str) -> None:
     if func in (aten.index.Tensor, aten._unsafe_index.Tensor, aten.index_put.default, aten.index_put_.default):
         # negative indices wrap on CPU for advanced indexing; nothing to report
         return
-    raise IndexError(fallback_msg)
+    raise exc(fallback_msg)

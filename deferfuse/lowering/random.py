@@ -4,8 +4,12 @@ identical in all three modes. Half types are drawn in float32 and rounded, as CP
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+import torch
+from jax import lax
 
 from ..dtypes import to_jax_dtype, HALF as _HALF
 from .registry import aten, lowering
@@ -123,3 +127,37 @@ def native_dropout_backward(grad, mask, scale):
 @lowering(aten.randperm.default, family="random", rng=True, ctx=True)
 def randperm(ctx, n, *, key, dtype=None, layout=None, device=None, pin_memory=None):
     return jax.random.permutation(key, n).astype(to_jax_dtype(ctx.out_dtype))
+
+
+def _multinomial_meta(args, kwargs):
+    # PyTorch's meta kernel skips CPU's argument checks (no samples, more samples than categories
+    # without replacement, integer weights): run CPU's kernel on uniform weights of the same shape
+    # once per signature, so bad arguments raise CPU's own error at the user's line
+    w = args[0]
+    aten.multinomial.default(torch.ones(w.shape, dtype=w.dtype), *args[1:], **kwargs)
+    return aten.multinomial.default(*args, **kwargs)
+
+
+@lowering(aten.multinomial.default, family="random", rng=True, meta=_multinomial_meta)
+def multinomial(w, num_samples, replacement=False, *, key):
+    """Draws from unnormalised weights, a zero weight never drawn, as CPU's kernel.
+
+    With replacement, inverse CDF: a uniform draw scaled by the row's total is located in the
+    running sum (searchsorted never lands on a zero weight, whose interval is empty). Without,
+    Gumbel top-k: the largest `num_samples` of log w plus one Gumbel draw per category, which is
+    sampling without replacement in draw order; once the nonzero weights are used up, the zero
+    ones follow, as on CPU. Invalid weights (negative, non-finite, a zero row) are
+    only detected in Debug mode, which raises CPU's error."""
+    w = w.astype(jnp.float32) if w.dtype in _HALF else w
+    if not replacement:
+        noisy = jnp.log(w) + jax.random.gumbel(key, w.shape, w.dtype)
+        return lax.top_k(noisy, num_samples)[1].astype(jnp.int64)
+    cdf = jnp.cumsum(w, axis=-1)
+    u = jax.random.uniform(key, w.shape[:-1] + (num_samples,), w.dtype) * cdf[..., -1:]
+    find = functools.partial(jnp.searchsorted, side="right")
+    for _ in range(w.ndim - 1):
+        find = jax.vmap(find)
+    idx = find(cdf, u)
+    # u rounds up to the total at worst: stay on the last category with a nonzero weight
+    last = w.shape[-1] - 1 - jnp.argmax((w > 0)[..., ::-1], axis=-1, keepdims=True)
+    return jnp.minimum(idx, last).astype(jnp.int64)

@@ -1,0 +1,101 @@
+"""Sampling ops whose values cannot match CPU's draws: checked on their distribution, on what
+they must never draw, on determinism under a seed, and on CPU's errors in Debug mode."""
+import pytest
+import torch
+
+import deferfuse
+from conftest import MODES
+
+W = torch.tensor([[1.0, 0.0, 3.0, 4.0, 2.0], [0.0, 5.0, 0.0, 5.0, 0.0]])  # unnormalised, with zeros
+
+
+def _draw(mode, w, n, replacement, seed=0):
+    torch.manual_seed(seed)
+    with deferfuse.mode(mode):
+        return torch.multinomial(w.to("tpu"), n, replacement=replacement).cpu()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_multinomial_with_replacement_follows_the_weights(mode):
+    n = 20000
+    got = _draw(mode, W, n, True)
+    assert got.dtype == torch.int64 and got.shape == (2, n)
+    for row in range(2):
+        freq = torch.bincount(got[row], minlength=5).double() / n
+        p = W[row].double() / W[row].sum()
+        torch.testing.assert_close(freq, p, atol=0.015, rtol=0)
+        assert (freq[p == 0] == 0).all()  # a zero weight is never drawn
+    one = _draw(mode, W[0], 7, True)
+    assert one.shape == (7,)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_multinomial_without_replacement_draws_distinct_categories(mode):
+    rows = 4000
+    w = W[0].expand(rows, 5).contiguous()
+    got = _draw(mode, w, 3, False)
+    assert got.shape == (rows, 3)
+    assert all(len(set(r.tolist())) == 3 for r in got[:200])
+    assert not (got == 1).any()  # only 4 nonzero weights for 3 draws: the zero one never comes
+    first = torch.bincount(got[:, 0], minlength=5).double() / rows
+    torch.testing.assert_close(first, W[0].double() / W[0].sum(), atol=0.03, rtol=0)
+    # as many draws as nonzero weights: exactly the nonzero categories, in some order
+    allnz = _draw(mode, W[1], 2, False)
+    assert sorted(allnz.tolist()) == [1, 3]
+    # more draws than nonzero weights: as on CPU, the zero ones come after them (in an order
+    # CPU does not define)
+    more = _draw(mode, W[1:].expand(3, 5), 5, False)
+    assert all(sorted(r[:2].tolist()) == [1, 3] and sorted(r[2:].tolist()) == [0, 2, 4] for r in more)
+
+
+def test_multinomial_is_seeded_identically_in_every_mode_and_fresh_per_call():
+    draws = [_draw(m, W, 50, True, seed=7) for m in MODES]
+    for d in draws[1:]:
+        assert torch.equal(d, draws[0])
+    torch.manual_seed(7)
+    a = torch.multinomial(W.to("tpu"), 50, replacement=True).cpu()
+    b = torch.multinomial(W.to("tpu"), 50, replacement=True).cpu()
+    assert torch.equal(a, draws[0]) and not torch.equal(a, b)
+
+
+def test_multinomial_rejects_what_cpu_rejects_from_shapes_alone():
+    for args in [(W, 6), (W, 0), (torch.ones(2, 2, 2), 1)]:
+        with pytest.raises(RuntimeError) as cpu:
+            torch.multinomial(*args)
+        with pytest.raises(RuntimeError) as got:
+            with deferfuse.mode():
+                torch.multinomial(args[0].to("tpu"), *args[1:])
+        assert str(got.value) == str(cpu.value)
+
+
+def test_multinomial_sampling_loop_is_lowered_and_fuses():
+    """A generation loop (softmax, sample, append) records without CPU fallbacks or flushes."""
+    torch.manual_seed(0)
+    logits = torch.randn(2, 16).to("tpu")
+    deferfuse.reset_metrics()
+    with deferfuse.mode():
+        seq = torch.zeros(2, 1, dtype=torch.long, device="tpu")
+        for _ in range(5):
+            nxt = torch.multinomial(torch.softmax(logits + seq.sum(), -1), 1)
+            seq = torch.cat([seq, nxt], 1)
+        m = deferfuse.metrics()
+        assert m["flushes"] == 0 and not m["cpu_fallbacks"]
+        out = seq.cpu()
+    assert out.shape == (2, 6) and ((out >= 0) & (out < 16)).all()
+
+
+@pytest.mark.parametrize("w, n, replacement", [
+    (torch.tensor([1.0, -1.0, 2.0]), 1, True),
+    (torch.tensor([1.0, float("nan"), 2.0]), 1, True),
+    (torch.tensor([[1.0, 2.0], [0.0, 0.0]]), 1, True),
+])
+def test_multinomial_debug_raises_cpus_error_for_invalid_weights(w, n, replacement):
+    """Strict and DeferAndFuse cannot look at the weights without a sync; Debug does."""
+    with pytest.raises(RuntimeError) as cpu:
+        torch.multinomial(w, n, replacement=replacement)
+    t = w.to("tpu")
+    with pytest.raises(RuntimeError) as got:
+        with deferfuse.mode("debug"):
+            torch.multinomial(t, n, replacement=replacement)
+    assert str(got.value) == str(cpu.value)
+    torch.testing.assert_close(t.cpu(), w, equal_nan=True)  # the input is intact

@@ -26,7 +26,6 @@ aten = torch.ops.aten
 # Core ATen ops that deliberately have no lowering, and why. Everything else in the core set is
 # lowered or decomposed (the report below checks that).
 REASONS: dict[str, str] = {
-    "aten._embedding_bag.default": "rare in the models we target; runs through the counted CPU fallback, at once (its meta kernel disagrees with CPU about offset2bag)",
     "aten._local_scalar_dense.default": "a host read: served by the sync path, not a program",
     "aten._pdist_forward.default": "rare; runs through the counted CPU fallback",
     "aten._adaptive_avg_pool2d_backward.default": "runs through the counted CPU fallback",

@@ -142,20 +142,6 @@ def test_failed_cpu_fallback_names_its_own_error():
     torch.testing.assert_close(a.cpu(), torch.arange(4.0) + 1)
 
 
-@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
-def test_fallback_whose_meta_disagrees_with_cpu_runs_at_once(mode):
-    """embedding_bag's meta kernel gives offset2bag another shape than CPU's kernel: it runs
-    at once (not as a recorded host node, which would declare the meta shape)."""
-    def run(d):
-        torch.manual_seed(0)
-        bag = torch.nn.EmbeddingBag(10, 3, mode=mode).to(d)
-        y = bag(torch.tensor([1, 2, 4, 5, 4, 3]).to(d), torch.tensor([0, 3]).to(d))
-        (y * torch.arange(6.0).reshape(2, 3).to(d)).sum().backward()
-        return [y, bag.weight.grad]
-
-    check_all_modes(run)
-
-
 def test_cpu_fallback_is_counted_and_warns_once():
     x = torch.arange(6.0).reshape(2, 3)
     with pytest.warns(UserWarning, match="Falling back to CPU for 'aten.cummax.default'"):

@@ -37,6 +37,8 @@ _INDEXED = {
     aten.scatter_reduce.two: (0, 1, 2),
     aten.scatter_reduce_.two: (0, 1, 2),
     aten.embedding.default: (0, None, 1),
+    aten._embedding_bag.default: (0, None, 1),
+    aten._embedding_bag_forward_only.default: (0, None, 1),
     aten.index.Tensor: (0, None, 1),
     aten.index_put.default: (0, None, 1),
     aten.index_put_.default: (0, None, 1),
@@ -51,6 +53,9 @@ _INDEXED = {
 }
 
 
+_EMBEDDINGS = (aten.embedding.default, aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
+
+
 class DebugExecutor(Executor):
     kind = EagerMode.DEBUG
     checks_before = True
@@ -59,6 +64,8 @@ class DebugExecutor(Executor):
         spec = _INDEXED.get(func)
         if spec is not None:
             _check_indices(func, spec, args, kwargs)
+            if func in _EMBEDDINGS[1:]:
+                _check_offsets(func, args, kwargs)
         elif func is aten.multinomial.default:
             _check_weights(func, args, kwargs)
         if CONFIG.debug_nan_check:
@@ -101,7 +108,7 @@ def _check_indices(func, spec, args, kwargs) -> None:
     if not isinstance(src, torch.Tensor):
         return
     if dim_pos is None:
-        if func is aten.embedding.default:
+        if func in _EMBEDDINGS:
             pairs = [(idx, src.shape[0])]
         else:
             pairs = [(ix, src.shape[d]) for d, ix in enumerate(idx) if ix is not None]
@@ -126,6 +133,17 @@ def _check_weights(func, args, kwargs) -> None:
     v = engine.concrete(w, "debug_op", None).astype(jnp.float32)
     if not bool(jnp.isfinite(v).all()) or bool((v < 0).any()) or bool((v.sum(-1) <= 0).any()):
         _raise_like_cpu(func, args, kwargs, "invalid multinomial distribution", RuntimeError)
+
+
+def _check_offsets(func, args, kwargs) -> None:
+    """embedding_bag's offsets: CPU requires them to start at 0, not decrease and not pass the
+    end of the indices."""
+    idx, offsets = args[1], args[2]
+    if not isinstance(offsets, TpuTensor) or offsets.numel() == 0:
+        return
+    v = engine.concrete(offsets, "debug_op", None)
+    if int(v[0]) != 0 or bool((v[1:] < v[:-1]).any()) or int(v[-1]) > idx.numel():
+        _raise_like_cpu(func, args, kwargs, "invalid embedding_bag offsets", RuntimeError)
 
 
 def _raise_like_cpu(func, args, kwargs, fallback_msg: str, exc: type = IndexError) -> None:

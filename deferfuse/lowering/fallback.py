@@ -47,15 +47,9 @@ def _note(func, reason: str) -> None:
     events.emit("fallback", op=name, where=where, reason=reason)
 
 
-# Ops whose meta kernel disagrees with the CPU kernel about an output's shape (embedding_bag's
-# offset2bag is empty in the meta result for every mode, filled on CPU for some): a recorded host
-# node would declare the meta shape, so they run at once instead.
-_META_DISAGREES = {torch.ops.aten._embedding_bag.default, torch.ops.aten._embedding_bag_forward_only.default}
-
-
 def run(func, args, kwargs, reason: str = "no lowering", record: bool = True):
     _note(func, reason)
-    if record and not func._schema.is_mutable and func not in _META_DISAGREES:
+    if record and not func._schema.is_mutable:
         recorded = _try_record(func, args, kwargs)
         if recorded is not NotImplemented:
             return recorded

@@ -66,7 +66,7 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=SUM, 
     bag, seg, counts = _bags(indices, offsets, n_bags, include_last_offset, padding_idx)
     rows = jnp.take(weight, indices, axis=0).astype(compute_dtype(weight.dtype))
     size = jax.ops.segment_sum(counts.astype(it), seg, n_bags)
-    o2b = jnp.clip(bag, 0, n_bags - 1).astype(it).reshape(-1)[:o2b_shape[0]]
+    o2b = jnp.zeros(o2b_shape, it) if o2b_shape == (0,) else jnp.clip(bag, 0, n_bags - 1).astype(it)
     if mode == MAX:
         top = jax.ops.segment_max(jnp.where(counts[:, None], rows, -jnp.inf), seg, n_bags)
         empty = (size == 0)[:, None]

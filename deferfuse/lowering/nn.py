@@ -250,13 +250,14 @@ def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad
 @lowering(aten._weight_norm_interface_backward.default, family="norm")
 def weight_norm_backward(grad_w, v, g, norms, dim):
     """Gradients of w = v * g / ||v|| (the norm over every dim but `dim`; over all of v for -1)
-    through JAX's vjp of that formula, in float32 for half types as CPU's kernel computes."""
+    through JAX's vjp of that formula, in float32 for half types as CPU's kernel computes. The
+    saved norms are recomputed inside the program rather than read."""
     keep = () if dim == -1 else (dim % v.ndim,)
     axes = tuple(a for a in range(v.ndim) if a not in keep)
 
     def w(v32, g32):
         return v32 * (g32 / jnp.sqrt(jnp.sum(v32 * v32, axis=axes, keepdims=True)))
 
-    _, vjp = jax.vjp(w, _up(v), _up(g).reshape(g.shape))
+    _, vjp = jax.vjp(w, _up(v), _up(g))
     gv, gg = vjp(_up(grad_w))
     return gv.astype(v.dtype), gg.astype(g.dtype)

@@ -120,12 +120,19 @@ def register() -> None:
     _impls = torch.library.Library("aten", "IMPL")
     for name in ("_copy_from", "_copy_from_and_resize"):
         _impls.impl(name, _copy_from, "PrivateUse1")
+    # torch.tensor([a, b]) over tpu scalars reads each with the Python key excluded
+    _impls.impl("_local_scalar_dense", _local_scalar_dense, "PrivateUse1")
     for op in (torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default, *_lowered_factories()):
         _impls.impl(op._schema.name.split("::")[1] + "." + op._overloadname if op._overloadname != "default"
                     else op._schema.name.split("::")[1], _factory(op), "PrivateUse1")
     from . import autocast
 
     autocast.register()
+    # `model.to("tpu")` must keep each Parameter object (weight tying, optimizers built before the
+    # move): PyTorch keeps them for CUDA through `set_data`, which a tensor subclass cannot take,
+    # so modules swap their parameters' contents in place instead (PyTorch's own switch for
+    # subclass backends, and its planned default)
+    torch.__future__.set_swap_module_params_on_conversion(True)
     _registered = True
 
 
@@ -159,6 +166,12 @@ def _copy_from(src, dst, non_blocking=False):
 
     dispatch(torch.ops.aten.copy_.default, (dst, src), {})
     return dst
+
+
+def _local_scalar_dense(t):
+    from .dispatch import dispatch
+
+    return dispatch(torch.ops.aten._local_scalar_dense.default, (t,), {})
 
 
 DEVICE = None  # set by deferfuse/__init__ once registered

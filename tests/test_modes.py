@@ -208,6 +208,50 @@ def test_device_basics():
     assert m(torch.ones(1, 3, device="tpu")).shape == (1, 2)
 
 
+class _TiedLM(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(11, 8)
+        self.head = torch.nn.Linear(8, 11, bias=False)
+        self.head.weight = self.emb.weight
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_moving_a_module_keeps_its_parameter_objects(mode):
+    """Tied weights stay tied and an optimizer built before `.to("tpu")` trains the moved
+    parameters, as with CUDA: untying them trained two weights where CPU trains one."""
+    def train(d):
+        torch.manual_seed(0)
+        m = _TiedLM()
+        opt = torch.optim.SGD(m.parameters(), lr=0.5)
+        m.to(d)
+        assert m.head.weight is m.emb.weight and len(list(m.parameters())) == 1
+        x = torch.tensor([[1, 2, 3, 2]]).to(d)
+        for _ in range(3):
+            F.cross_entropy(m.head(m.emb(x))[0], x[0]).backward()
+            opt.step()
+            opt.zero_grad()
+        return m.emb.weight.detach()
+
+    want = train("cpu")
+    with deferfuse.mode(mode):
+        got = train("tpu").cpu()
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_tensor_built_from_tpu_scalars(mode):
+    """torch.tensor / as_tensor over tpu 0-dim tensors read each one from C++ below the Python
+    key (`_local_scalar_dense` at PrivateUse1), as for CUDA tensors."""
+    with deferfuse.mode(mode):
+        a = torch.tensor(1.5).to("tpu") * 2
+        b = torch.tensor([2.5]).to("tpu")
+        got = [torch.tensor([a, b]), torch.as_tensor([a, a]), a.new_tensor([b, a]), torch.tensor([[a], [b]])]
+        got = [t.cpu() for t in got]
+    torch.testing.assert_close(got, [torch.tensor([3.0, 2.5]), torch.tensor([3.0, 3.0]),
+                                     torch.tensor([2.5, 3.0]), torch.tensor([[3.0], [2.5]])])
+
+
 def test_host_reads():
     t = torch.tensor([[1.5, 2.0]]).to("tpu")
     assert t.tolist() == [[1.5, 2.0]]

@@ -128,12 +128,45 @@ def register() -> None:
     from . import autocast
 
     autocast.register()
-    # `model.to("tpu")` must keep each Parameter object (weight tying, optimizers built before the
-    # move): PyTorch keeps them for CUDA through `set_data`, which a tensor subclass cannot take,
-    # so modules swap their parameters' contents in place instead (PyTorch's own switch for
-    # subclass backends, and its planned default)
-    torch.__future__.set_swap_module_params_on_conversion(True)
+    _keep_shared_parameters_shared()
     _registered = True
+
+
+_APPLYING = [False]
+
+
+def _keep_shared_parameters_shared() -> None:
+    """`model.to("tpu")` keeps a parameter that several modules share (tied embedding and output
+    weights) shared.
+
+    For CUDA, Module._apply moves each parameter in place (`set_data`), so sharing survives. A
+    tensor subclass cannot take `set_data`: each module then gets a new Parameter, and a tied
+    weight silently becomes two that train apart. PyTorch's alternative, swapping contents into
+    the old objects, fails for a parameter a live autograd graph holds (the old weight_norm API's)
+    and, switched on globally, changes load_state_dict for CPU modules too. So the outermost
+    `_apply` notes which modules share a parameter and makes them share its replacement."""
+    apply = torch.nn.Module._apply
+
+    def _apply(self, fn, recurse=True):
+        if _APPLYING[0] or not recurse:
+            return apply(self, fn, recurse)
+        owners: dict[int, list] = {}
+        for mod in self.modules():
+            for key, p in mod._parameters.items():
+                if p is not None:
+                    owners.setdefault(id(p), []).append((mod, key))
+        _APPLYING[0] = True
+        try:
+            out = apply(self, fn, recurse)
+        finally:
+            _APPLYING[0] = False
+        for group in owners.values():
+            first = group[0][0]._parameters[group[0][1]]
+            for mod, key in group[1:]:
+                mod._parameters[key] = first
+        return out
+
+    torch.nn.Module._apply = _apply
 
 
 def _lowered_factories() -> list:

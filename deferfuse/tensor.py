@@ -8,6 +8,7 @@ the storage, so aliasing is exactly PyTorch's. The storage offset lives in the v
 """
 from __future__ import annotations
 
+import copy
 import math
 import weakref
 
@@ -155,6 +156,28 @@ class TpuTensor(torch.Tensor):
         return (torch._utils._rebuild_device_tensor_from_cpu_tensor, (cpu, self.dtype, str(self.device),
                                                                       self.requires_grad))
 
+    def __deepcopy__(self, memo):
+        # PyTorch's clones, then deep-copies __dict__ over the clone, which would put a copy of
+        # the source's storage (a pending one with a copy of its graph) in place of the clone's
+        if id(self) in memo:
+            return memo[id(self)]
+        if not self.is_leaf:
+            return torch.Tensor.__deepcopy__(self, memo)  # raises PyTorch's error for non-leaves
+        if getattr(self, "_is_param", False):  # what Parameter.__deepcopy__ does: no grad, no attributes
+            with torch.no_grad():
+                new = memo[id(self)] = torch.nn.Parameter(self.clone(), self.requires_grad)
+            return new
+        with torch.no_grad():
+            new = self.clone()
+        if self.requires_grad:
+            new.requires_grad_()
+        if self.grad is not None:
+            new.grad = copy.deepcopy(self.grad, memo)
+        own = {k: v for k, v in self.__dict__.items() if k not in _INTERNAL}
+        new.__dict__.update(copy.deepcopy(own, memo))
+        memo[id(self)] = new
+        return new
+
     @property
     def data(self):
         return torch.Tensor.data.__get__(self)
@@ -167,6 +190,9 @@ class TpuTensor(torch.Tensor):
             )
         torch.Tensor.data.__set__(self, new)
         self._st, self._lay, self._lid = new._st, new._lay, new._lid
+
+
+_INTERNAL = ("_st", "_lay", "_lid")
 
 
 def _rebuild(cpu: torch.Tensor, requires_grad: bool) -> torch.Tensor:

@@ -1,12 +1,15 @@
 """Checkpoints of tpu tensors: torch.save / torch.load as with CUDA tensors."""
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import deferfuse
+from conftest import MODES
 
 
 def _trained(device):
@@ -54,3 +57,32 @@ def test_a_tpu_checkpoint_loads_on_cpu_without_deferfuse(tmp_path):
         "torch.testing.assert_close(got, want)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_deepcopy_of_pending_tensors_models_and_state(mode):
+    """copy.deepcopy right after a step (an EMA model, a best-so-far state_dict, the optimizer's
+    state) copies values that may still be pending, and the copies are independent."""
+    def run(d):
+        torch.manual_seed(0)
+        m = torch.nn.Linear(3, 2).to(d)
+        opt = torch.optim.AdamW(m.parameters(), lr=0.1)
+        x = torch.arange(6.0).reshape(2, 3).to(d)
+        m(x).sum().backward()
+        opt.step()
+        ema, sd, osd = copy.deepcopy(m), copy.deepcopy(m.state_dict()), copy.deepcopy(opt.state_dict())
+        t = m.weight.detach() * 2
+        t_copy = copy.deepcopy(t)
+        t.add_(1)
+        opt.step()
+        assert ema.weight is not m.weight and isinstance(ema.weight, torch.nn.Parameter)
+        assert ema.weight.requires_grad and ema.weight.grad is None  # as Parameter.__deepcopy__
+        g = m.weight.grad.detach().clone().requires_grad_()
+        g.grad = torch.ones_like(g)
+        g_copy = copy.deepcopy(g)  # a plain leaf keeps its grad
+        return [ema.weight, g_copy, g_copy.grad, sd["weight"], osd["state"][0]["exp_avg"], t_copy, t, m.weight]
+
+    want = run("cpu")
+    with deferfuse.mode(mode):
+        got = [v.detach().cpu() for v in run("tpu")]
+    torch.testing.assert_close(got, [v.detach() for v in want])

@@ -8,6 +8,7 @@ where one boxed fallback hands them to the same dispatcher.
 from __future__ import annotations
 
 import types
+import warnings
 
 import jax
 import torch
@@ -53,6 +54,29 @@ def _make_module() -> types.ModuleType:
         # what torch.autocast("tpu") asks before it turns on autocast.py's rules
         return [torch.bfloat16, torch.float16]
 
+    class device:
+        """`with torch.tpu.device(i)`: one device, so selecting it changes nothing (torch.load's
+        map_location and checkpointing's RNG bookkeeping use it, as with torch.cuda.device)."""
+
+        def __init__(self, index):
+            idx = index.index if isinstance(index, torch.device) else index
+            if idx not in (None, -1, 0):
+                raise RuntimeError(f"deferfuse: there is one tpu device (tpu:0), got index {idx}")
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    def set_device(index) -> None:
+        device(index)
+
+    mod.device = device
+    mod.set_device = set_device
+    # checkpoint() saves and restores a device's RNG state only once its backend says it is
+    # initialised: without it, a recomputed dropout drew a new mask
+    mod._initialized = True
     mod.get_amp_supported_dtype = get_amp_supported_dtype
     mod.is_available = is_available
     mod.is_initialized = is_initialized
@@ -129,9 +153,24 @@ def register() -> None:
 
     autocast.register()
     _keep_shared_parameters_shared()
+    torch.serialization.register_package(5, lambda obj: None, _load_onto_tpu)
     _registered = True
 
 
+def _load_onto_tpu(storage, location: str):
+    """torch.load(..., map_location="tpu"): tpu tensors have no storage of their own to rebuild
+    into (PyTorch would crash making one), so the checkpoint's tensors stay on CPU, with a warning.
+    load_state_dict (modules and optimizers) copies them onto the tpu parameters as usual."""
+    if not location.startswith(NAME):
+        return None
+    if not _WARNED_LOAD[0]:
+        _WARNED_LOAD[0] = True
+        warnings.warn("deferfuse: torch.load(map_location='tpu') loads the checkpoint's tensors on CPU: move them "
+                      "with .to('tpu'), or let model.load_state_dict / optimizer.load_state_dict copy them")
+    return storage
+
+
+_WARNED_LOAD = [False]
 _APPLYING = [False]
 
 

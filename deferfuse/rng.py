@@ -44,11 +44,11 @@ def next_key() -> tuple[int, int]:
     return _seed, c
 
 
-def get_rng_state() -> torch.Tensor:
+def get_rng_state(device=None) -> torch.Tensor:
     return torch.tensor([_seed, _counter], dtype=torch.int64).view(torch.uint8)
 
 
-def set_rng_state(state: torch.Tensor) -> None:
+def set_rng_state(state: torch.Tensor, device=None) -> None:
     global _seed, _counter
     s, c = state.view(torch.int64).tolist()
     _seed, _counter = int(s), int(c)

@@ -251,6 +251,35 @@ def test_a_tensor_built_from_tpu_scalars(mode):
                                      torch.tensor([2.5, 3.0]), torch.tensor([[3.0], [2.5]])])
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_checkpoint_recomputes_dropout_with_the_same_mask(mode, reentrant):
+    """torch.utils.checkpoint saves and restores the tpu RNG state around the recompute (it
+    skipped it, so backward drew a new mask: silently wrong gradients)."""
+    from torch.utils.checkpoint import checkpoint
+
+    with deferfuse.mode(mode):
+        w = torch.ones(64, device="tpu", requires_grad=True)
+        torch.manual_seed(0)
+        out = checkpoint(lambda a: F.dropout(a, 0.5, training=True), w, use_reentrant=reentrant)
+        out.sum().backward()
+        torch.testing.assert_close(w.grad.cpu(), out.detach().cpu())
+
+
+def test_fork_rng_on_tpu():
+    torch.manual_seed(1)
+    with torch.random.fork_rng(device_type="tpu"):
+        torch.manual_seed(3)
+        torch.rand(2, device="tpu")
+    after = torch.rand(4, device="tpu").cpu()
+    torch.manual_seed(1)
+    assert torch.equal(torch.rand(4, device="tpu").cpu(), after)
+    with torch.tpu.device(0), torch.tpu.device(torch.device("tpu:0")):
+        pass
+    with pytest.raises(RuntimeError, match="one tpu device"):
+        torch.tpu.device(1)
+
+
 def test_host_reads():
     t = torch.tensor([[1.5, 2.0]]).to("tpu")
     assert t.tolist() == [[1.5, 2.0]]

@@ -86,3 +86,28 @@ def test_deepcopy_of_pending_tensors_models_and_state(mode):
     with deferfuse.mode(mode):
         got = [v.detach().cpu() for v in run("tpu")]
     torch.testing.assert_close(got, [v.detach() for v in want])
+
+
+def test_load_with_map_location_tpu_gives_cpu_tensors_that_load_state_dict_copies(tmp_path, monkeypatch):
+    """PyTorch cannot rebuild storages on tpu (it crashed): the tensors stay on CPU, with a
+    warning, and load_state_dict copies them onto the tpu model and optimizer."""
+    from deferfuse import device
+
+    path = tmp_path / "ckpt.pt"
+    model, opt = _trained("cpu")
+    opt.zero_grad()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, path)
+    for loc in ("tpu", torch.device("tpu"), {"cpu": "tpu"}):
+        monkeypatch.setattr(device, "_WARNED_LOAD", [False])
+        with pytest.warns(UserWarning, match="loads the checkpoint's tensors on CPU"):
+            state = torch.load(path, map_location=loc)
+        assert state["model"]["0.weight"].device.type == "cpu"
+    tpu_model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).to("tpu")
+    tpu_model.load_state_dict(state["model"])
+    tpu_opt = torch.optim.AdamW(tpu_model.parameters(), lr=0.1)
+    tpu_opt.load_state_dict(state["opt"])
+    for m, o, d in ((model, opt, "cpu"), (tpu_model, tpu_opt, "tpu")):
+        m(torch.ones(3, 4, device=d)).sum().backward()
+        o.step()
+    for a, b in zip(model.parameters(), tpu_model.parameters()):
+        torch.testing.assert_close(b.cpu(), a)

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import deferfuse
-from conftest import check_all_modes
+from conftest import MODES, check_all_modes
 
 torch.manual_seed(0)
 Q, K, V = (torch.randn(2, 3, 5, 4) for _ in range(3))
@@ -88,3 +88,27 @@ def test_transformer_encoder_layer_inference_fast_path_matches_cpu(norm_first, a
 
     check_all_modes(run, rtol=1e-5, atol=1e-5)
     assert not deferfuse.metrics()["cpu_fallbacks"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_sdpa_double_backward(mode):
+    """create_graph=True through attention (a gradient penalty) differentiates PyTorch's expansion
+    again; it gave zero second-order gradients. CPU's own SDPA refuses double backward, so the
+    reference is the same attention written out on CPU."""
+    def run(d, fused):
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(2, 2, 5, 4, dtype=torch.float64).to(d).requires_grad_() for _ in range(3))
+        if fused:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            s = (q @ k.transpose(-1, -2)) / 2.0
+            s = s.masked_fill(torch.ones(5, 5, dtype=torch.bool, device=d).triu(1), float("-inf"))
+            o = s.softmax(-1) @ v
+        gq, = torch.autograd.grad(o.pow(2).sum(), q, create_graph=True)
+        gq.pow(2).sum().backward()
+        return [gq.detach(), q.grad, k.grad, v.grad]
+
+    want = run("cpu", False)
+    with deferfuse.mode(mode):
+        got = [t.cpu() for t in run("tpu", True)]
+    torch.testing.assert_close(got, want)

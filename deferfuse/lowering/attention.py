@@ -90,6 +90,13 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         q, k, v, mask = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: PyTorch's expansion, differentiable again
+            need = ctx.needs_input_grad[:3]
+            inputs = [t for t, n in zip((q, k, v), need) if n]
+            causal, scale, gqa = ctx.args
+            out = _composite.decompose(q, k, v, mask, 0.0, causal, scale=scale, enable_gqa=gqa)
+            grads = iter(torch.autograd.grad(out, inputs, grad, create_graph=True, allow_unused=True))
+            return (*(next(grads) if n else None for n in need), None, None, None, None)
         dq, dk, dv = SDPA_BACKWARD(grad, q, k, v, mask, *ctx.args)
         return dq, dk, dv, None, None, None, None
 

@@ -231,7 +231,19 @@ def nll_loss_forward(x, target, weight, reduction, ignore_index):
 
 @lowering(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default, family="norm")
 def nll_loss_backward(grad, x, target, weight, reduction, ignore_index, total_weight):
-    _, vjp = jax.vjp(lambda v: nll_loss_forward(v, target, weight, reduction, ignore_index)[0], x)
+    """The vjp of the forward, except that an ignored target's row gets exactly zero, as on CPU:
+    when every target is ignored, the mean's 1/total is infinite and would make it NaN (a row
+    that counts with weight zero does get CPU's NaN, -0/0)."""
+    def loss(v):
+        losses, w = _nll_pick(v, target, weight, ignore_index)
+        if reduction == 0:
+            return losses
+        if reduction == 1:
+            scale = jnp.where(target != ignore_index, 1 / jnp.sum(w), 0).astype(losses.dtype)
+            return jnp.sum(losses * lax.stop_gradient(scale))
+        return jnp.sum(losses)
+
+    _, vjp = jax.vjp(loss, x)
     return vjp(grad.astype(x.dtype))[0]
 
 

@@ -5,6 +5,8 @@ dtype PyTorch's meta kernel reports. An empty `dim` list means "all dims" where 
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -115,9 +117,15 @@ def argmin(x, dim=None, keepdim=False):
 
 
 def _var(x, dim, correction, keepdim):
+    """Divides by max(0, N - correction) as PyTorch does: inf (or NaN for a zero sum) once the
+    correction reaches N, where jnp.var gives NaN."""
     correction = 1 if correction is None else correction
     xf = x.astype(jnp.float32) if x.dtype in _HALF else x
-    return jnp.var(xf, axis=_axes(x, dim), ddof=correction, keepdims=keepdim)
+    axes = _axes(x, dim)
+    n = math.prod(xf.shape[a] for a in (range(xf.ndim) if axes is None else axes))
+    d = xf - jnp.mean(xf, axis=axes, keepdims=True)
+    sq = (d * jnp.conj(d)).real if jnp.iscomplexobj(d) else d * d
+    return jnp.sum(sq, axis=axes, keepdims=keepdim) / jnp.maximum(0, n - correction).astype(sq.dtype)
 
 
 @lowering(aten.var.correction, family="reduction")

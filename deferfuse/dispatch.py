@@ -711,6 +711,12 @@ def _has_kernel(name: str, key: str) -> bool:
 
 
 def _classify(func) -> Callable:
+    route = _classify_plain(func)
+    twin = special.SCALAR_TWINS.get(func)
+    return route if twin is None else special.scalar_twin(*twin, route)
+
+
+def _classify_plain(func) -> Callable:
     sp = special.HANDLERS.get(func)
     if sp is not None:
         return sp

@@ -397,6 +397,33 @@ def _with_bool_cause(fn):
     return tensor._with_cause("bool", fn)
 
 
+# Ops taking a 0-dim value tensor, the position of the value, and their twin taking a Python
+# scalar. A value that is a CPU tensor is read on the host (no sync: it is not a tpu tensor) and
+# the twin runs, as CUDA's kernels do; PyTorch's meta kernels reject it next to meta tensors.
+SCALAR_TWINS = {
+    aten.masked_fill.Tensor: (2, aten.masked_fill.Scalar),
+    aten.masked_fill_.Tensor: (2, aten.masked_fill_.Scalar),
+    aten.index_fill.int_Tensor: (3, aten.index_fill.int_Scalar),
+    aten.index_fill_.int_Tensor: (3, aten.index_fill_.int_Scalar),
+}
+
+
+def scalar_twin(pos: int, twin, route):
+    def route_value(func, args, kwargs):
+        v = args[pos] if len(args) > pos else kwargs.get("value")
+        if type(v) is torch.Tensor and v.dim() == 0 and v.device.type == "cpu":
+            from .dispatch import dispatch
+
+            if len(args) > pos:
+                args = args[:pos] + (v.item(),) + args[pos + 1:]
+            else:
+                kwargs = dict(kwargs, value=v.item())
+            return dispatch(twin, args, kwargs)
+        return route(func, args, kwargs)
+
+    return route_value
+
+
 HANDLERS = {
     aten._local_scalar_dense.default: route_local_scalar_dense,
     aten._to_copy.default: route_to_copy,

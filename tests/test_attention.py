@@ -112,3 +112,22 @@ def test_sdpa_double_backward(mode):
     with deferfuse.mode(mode):
         got = [t.cpu() for t in run("tpu", True)]
     torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_fills_with_a_cpu_scalar_tensor_value(inplace):
+    """`scores.masked_fill(mask, torch.tensor(float("-inf")))` and index_fill with a CPU 0-dim
+    value, as CUDA allows: PyTorch's meta kernels refused the CPU value next to meta tensors."""
+    def run(d):
+        x = torch.arange(6.0).reshape(2, 3).to(d)
+        mask = (x > 2)
+        idx = torch.tensor([0, 2]).to(d)
+        if inplace:
+            a, b = x.clone(), x.clone()
+            a.masked_fill_(mask, torch.tensor(float("-inf")))
+            b.index_fill_(1, idx, torch.tensor(7))
+            return [a, b]
+        return [x.masked_fill(mask, torch.tensor(float("-inf"))), x.index_fill(1, idx, torch.tensor(-1.5)),
+                x.masked_fill(mask, torch.tensor(2.5).to(d))]
+
+    check_all_modes(run)

@@ -97,6 +97,9 @@ def _all_finite(args, kwargs) -> bool:
                 v = engine.concrete(x, "debug_op", None)
                 if not bool(jnp.isfinite(v).all()):
                     return False
+            elif isinstance(x, torch.Tensor) and (x.dtype.is_floating_point or x.dtype.is_complex):
+                if not bool(torch.isfinite(x).all()):  # a CPU scalar such as masked_fill's -inf
+                    return False
     return True
 
 

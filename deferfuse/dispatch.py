@@ -28,7 +28,7 @@ from .config import CONFIG
 from .events import METRICS
 from .graph import Op
 from .lowering import LOWERINGS, fallback, make_lowered_op
-from .meta import ArgSpec, flatten_outputs, run_meta, signature, template, unflatten_outputs
+from .meta import ArgSpec, flatten_outputs, run_cpu_probe, run_meta, signature, template, unflatten_outputs
 from .tensor import LAYOUTS, Storage, TpuTensor, layout_id, new_tensor, offset_of, phys_layout
 from . import views
 
@@ -161,8 +161,25 @@ def _out_info(meta_leaves) -> list:
     return outs
 
 
+def _needs_cpu_probe(func, low, args, kwargs) -> bool:
+    """Elementwise ops whose CPU kernel may reject what the meta kernel lets through: in-place
+    ones (the result type must cast into the target), bitwise and shift ops, and any call on
+    integer or bool tensors."""
+    if low is None or low.family != "elementwise":
+        return False
+    name = func._overloadpacket.__name__
+    if name.endswith("_") or name.startswith(("bitwise_", "__")):
+        return True
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, TpuTensor) and not (a.dtype.is_floating_point or a.dtype.is_complex):
+            return True
+    return False
+
+
 def _make_recipe(func, spec, key, args, kwargs, low=None, host=False) -> Recipe:
     low = low if low is not None else LOWERINGS.get(func)
+    if _needs_cpu_probe(func, low, args, kwargs):
+        run_cpu_probe(func, args, kwargs)
     if low is not None and low.meta is not None:
         meta_out = low.meta(*_meta_args(args, kwargs))
     else:
@@ -616,6 +633,8 @@ def _check_meta(func, key, args, kwargs) -> None:
         run_meta(func, args, kwargs)
     except NotImplementedError:
         pass  # no meta kernel: the functional op's own checks still run
+    if func in _FUNCTIONAL and _needs_cpu_probe(func, LOWERINGS.get(_FUNCTIONAL[func][1]), args, kwargs):
+        run_cpu_probe(func, args, kwargs)
     _CHECKED.add(key)
 
 

@@ -270,6 +270,28 @@ def run_meta(func, args: tuple, kwargs: dict):
         return func(*margs, **mkwargs)
 
 
+def run_cpu_probe(func, args: tuple, kwargs: dict) -> None:
+    """Run an elementwise op on CPU over ones of the same dtypes and ranks (one element each),
+    with the call's Python scalars: its dtype and scalar checks raise CPU's own errors at the
+    user's line. Meta kernels skip them (bool subtraction, an integer to a negative power, integer
+    division by zero, a float result written into an integer tensor, bitwise ops on floats).
+    Elementwise ops broadcast, so the stand-ins' shapes cannot fail where the real ones pass."""
+    def stand_in(x):
+        if isinstance(x, TpuTensor):
+            return torch.ones((1,) * x.dim(), dtype=x.dtype)
+        if isinstance(x, torch.Tensor):
+            return x.detach().clone()
+        if isinstance(x, (list, tuple)):
+            return type(x)(stand_in(y) for y in x)
+        if isinstance(x, torch.device) or isinstance(x, str) and x.startswith("tpu"):
+            return torch.device("cpu")
+        return x
+
+    with torch.no_grad(), torch.utils._python_dispatch._disable_current_modes(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        func(*stand_in(args), **{k: stand_in(v) for k, v in kwargs.items()})
+
+
 def flatten_outputs(out) -> tuple[list, Any]:
     """Tensor leaves of an op result and a spec to rebuild it."""
     if isinstance(out, torch.Tensor):

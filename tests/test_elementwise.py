@@ -1,9 +1,11 @@
 """Elementwise ops reached through Python operators, against CPU in every mode."""
 import warnings
 
+import pytest
 import torch
 
-from conftest import check_all_modes
+import deferfuse
+from conftest import MODES, check_all_modes
 
 
 def test_shift_operators_are_lowered():
@@ -18,3 +20,44 @@ def test_shift_operators_are_lowered():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a CPU fallback warns
         check_all_modes(run)
+
+
+_T = torch.tensor
+# each call is invalid on CPU; meta kernels let them through, so they ran (with wrong results) or
+# failed later, at the flush, as FlushError
+_CPU_REJECTS = {
+    "bool subtraction": lambda d: _T([True, False]).to(d) - 1,
+    "integer to a negative power": lambda d: _T([2, 1]).to(d) ** -1,
+    "float result into an int tensor": lambda d: torch.ones(3, dtype=torch.int64).to(d).mul_(_T(2.5).to(d)),
+    "float scalar into an int tensor": lambda d: torch.ones(3, dtype=torch.int64).to(d).mul_(2.5),
+    "complex into a float tensor": lambda d: torch.ones(2).to(d).add_(_T([1j, 2j]).to(d)),
+    "integer floor division by zero": lambda d: _T([7, -7]).to(d) // 0,
+    "integer fmod by zero": lambda d: torch.fmod(_T([7, -7]).to(d), 0),
+    "bitwise and on floats": lambda d: torch.bitwise_and(_T([1.0, 2.0]).to(d), 1),
+    "abs of bool": lambda d: torch.abs(_T([True]).to(d)),
+    "lerp on integers": lambda d: torch.lerp(_T([1, 2]).to(d), _T([3, 4]).to(d), 0.5),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", sorted(_CPU_REJECTS))
+def test_elementwise_calls_cpu_rejects_raise_cpus_error_at_the_call(mode, case):
+    with pytest.raises(Exception) as cpu:
+        _CPU_REJECTS[case]("cpu")
+    with pytest.raises(type(cpu.value)) as got:
+        with deferfuse.mode(mode):
+            _CPU_REJECTS[case]("tpu")
+    assert str(got.value) == str(cpu.value)
+
+
+def test_valid_integer_and_bool_elementwise_calls_still_run():
+    def run(d):
+        i, b = _T([7, -7, 3]).to(d), _T([True, False, True]).to(d)
+        x = torch.ones(3).to(d)
+        x.add_(i)
+        j = i.clone()
+        j.mul_(2)
+        return [i + 3, i // 2, i % -4, i ** 2, b & _T([True, True, False]).to(d), ~b, torch.where(b, i, 0), x, j,
+                i << 1, torch.bitwise_xor(i, 5), b.logical_not(), i.abs(), -i]
+
+    check_all_modes(run)

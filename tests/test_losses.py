@@ -1,4 +1,6 @@
 """Loss functions at their edges, against CPU in every mode."""
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -42,3 +44,24 @@ def test_nll_counted_rows_of_zero_total_weight_give_cpus_nan(mode):
     with deferfuse.mode(mode):
         got = run("tpu").cpu()
     torch.testing.assert_close(got, want, equal_nan=True)
+
+
+def test_multilabel_margin_loss_stops_at_the_first_minus_one():
+    """Targets after a sample's first -1 are not targets (PyTorch 2.13's decomposition counted
+    them: 2.6 where CPU gives 0.8). Its backward runs CPU's kernel through the fallback."""
+    def run(d):
+        out = []
+        x = torch.tensor([[0.1, 0.2, 0.4, 0.8, -0.3], [0.5, -0.1, 0.3, 0.0, 0.2]]).to(d).requires_grad_()
+        y = torch.tensor([[0, 3, -1, -1, -1], [1, 2, -1, 0, 4]]).to(d)
+        for reduction in ("mean", "sum", "none"):
+            loss = F.multilabel_margin_loss(x, y, reduction=reduction)
+            loss.sum().backward()
+            out += [loss.detach(), x.grad.clone()]
+            x.grad = None
+        x1, y1 = torch.tensor([0.1, 0.2, 0.4, 0.8]).to(d), torch.tensor([3, 0, -1, 1]).to(d)
+        return out + [F.multilabel_margin_loss(x1, y1), F.multilabel_margin_loss(x1, y1, reduction="none"),
+                      *torch.ops.aten.multilabel_margin_loss_forward.default(x.detach(), y, 1)]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the backward's CPU fallback warns
+        check_all_modes(run)

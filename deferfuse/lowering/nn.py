@@ -273,3 +273,31 @@ def weight_norm_backward(grad_w, v, g, norms, dim):
     _, vjp = jax.vjp(w, _up(v), _up(g))
     gv, gg = vjp(_up(grad_w))
     return gv.astype(v.dtype), gg.astype(g.dtype)
+
+
+def _multilabel_margin_meta(args, kwargs):
+    # PyTorch's meta kernel gives a 1-d input's unreduced loss shape (1,); CPU gives ()
+    x, reduction = args[0], args[2] if len(args) > 2 else kwargs["reduction"]
+    out = x.shape[:-1] if reduction == 0 and x.ndim > 1 else ()
+    return x.new_empty(out), x.new_empty(x.shape)
+
+
+@lowering(aten.multilabel_margin_loss_forward.default, family="norm", meta=_multilabel_margin_meta)
+def multilabel_margin_loss_forward(x, target, reduction):
+    """Each sample's targets are its target entries up to the first -1. PyTorch 2.13's
+    decomposition also counts entries after that -1 (pytorch/pytorch#185464), so it is not used."""
+    x2 = x.reshape(1, -1) if x.ndim <= 1 else x
+    t2 = target.reshape(x2.shape)
+    c = x2.shape[1]
+    valid = jnp.cumprod(t2 != -1, axis=1).astype(bool)  # entries before the first -1
+    safe = jnp.where(valid, t2, 0)
+    is_target = jnp.zeros(x2.shape, bool).at[jnp.arange(x2.shape[0])[:, None], safe].max(valid)
+    picked = jnp.take_along_axis(x2, safe, axis=1)  # x[t_j]
+    margins = jnp.maximum(0, 1 - picked[:, :, None] + x2[:, None, :])  # [n, j, i]
+    keep = valid[:, :, None] & ~is_target[:, None, :]
+    loss = jnp.sum(jnp.where(keep, margins, 0), axis=(1, 2)) / c
+    is_target = is_target.astype(x.dtype).reshape(x.shape)
+    if reduction == 0:
+        return loss.reshape(x.shape[:-1]) if x.ndim > 1 else loss.reshape(()), is_target
+    total = jnp.sum(loss)
+    return (total / loss.shape[0] if reduction == 1 else total).astype(x.dtype), is_target

@@ -50,10 +50,16 @@ def test_debug_does_not_flag_intentional_infinities():
         lambda x, i: torch.gather(x, 0, i.view(-1, 1).expand(-1, 3)),
         lambda x, i: x.index_put((i,), torch.zeros(3, device=x.device)),
         lambda x, i: torch.zeros_like(x).scatter(0, i.view(-1, 1).expand(-1, 3), x[:2]),
+        lambda x, i: torch.take(x, i * 2),
+        lambda x, i: F.cross_entropy(x[:2], i),
+        lambda x, i: F.nll_loss(x[:2], -i, ignore_index=-1),
+        lambda x, i: F.cross_entropy(x[:2].reshape(2, 3, 1), i.view(2, 1)),
     ],
-    ids=["index_select", "index", "embedding", "gather", "index_put", "scatter"],
+    ids=["index_select", "index", "embedding", "gather", "index_put", "scatter", "take", "cross_entropy",
+         "nll_loss_negative", "cross_entropy_2d"],
 )
 def test_debug_out_of_range_index_raises_like_cpu(call):
+    """Debug checks indices (and class targets) on the host and raises CPU's own error."""
     x = torch.arange(12.0).reshape(4, 3)
     i = torch.tensor([1, 7])
     with pytest.raises(Exception) as cpu_err:

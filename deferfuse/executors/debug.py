@@ -39,6 +39,7 @@ _INDEXED = {
     aten.embedding.default: (0, None, 1),
     aten._embedding_bag.default: (0, None, 1),
     aten._embedding_bag_forward_only.default: (0, None, 1),
+    aten.take.default: (0, None, 1),
     aten.index.Tensor: (0, None, 1),
     aten.index_put.default: (0, None, 1),
     aten.index_put_.default: (0, None, 1),
@@ -68,6 +69,8 @@ class DebugExecutor(Executor):
                 _check_offsets(func, args, kwargs)
         elif func is aten.multinomial.default:
             _check_weights(func, args, kwargs)
+        elif func in _CLASS_TARGETS:
+            _check_targets(func, args, kwargs)
         if CONFIG.debug_nan_check:
             self._inputs_finite = _all_finite(args, kwargs)
 
@@ -113,6 +116,8 @@ def _check_indices(func, spec, args, kwargs) -> None:
     if dim_pos is None:
         if func in _EMBEDDINGS:
             pairs = [(idx, src.shape[0])]
+        elif func is aten.take.default:
+            pairs = [(idx, src.numel())]
         else:
             pairs = [(ix, src.shape[d]) for d, ix in enumerate(idx) if ix is not None]
     else:
@@ -126,6 +131,22 @@ def _check_indices(func, spec, args, kwargs) -> None:
         lo, hi = int(jnp.min(v)), int(jnp.max(v))
         if lo < 0 or hi >= n:
             _raise_like_cpu(func, args, kwargs, f"index {hi if hi >= n else lo} is out of bounds for size {n}")
+
+
+_CLASS_TARGETS = (aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
+
+
+def _check_targets(func, args, kwargs) -> None:
+    """nll_loss's targets (cross_entropy's): each a class in [0, C), or ignore_index."""
+    x, target = args[0], args[1]
+    ignore = args[4] if len(args) > 4 else kwargs.get("ignore_index", -100)
+    if not isinstance(target, TpuTensor) or target.numel() == 0:
+        return
+    n_classes = x.shape[1] if x.dim() >= 2 else x.shape[0]
+    v = engine.concrete(target, "debug_op", None)
+    counted = v != ignore
+    if bool(((v < 0) & counted).any()) or bool(((v >= n_classes) & counted).any()):
+        _raise_like_cpu(func, args, kwargs, "target out of bounds")
 
 
 def _check_weights(func, args, kwargs) -> None:
@@ -163,7 +184,8 @@ def _raise_like_cpu(func, args, kwargs, fallback_msg: str, exc: type = IndexErro
         func(*cpu(args), **{k: cpu(v) for k, v in kwargs.items()})
     except (IndexError, RuntimeError, ValueError) as e:
         raise type(e)(str(e)) from None
-    if func in (aten.index.Tensor, aten._unsafe_index.Tensor, aten.index_put.default, aten.index_put_.default):
-        # negative indices wrap on CPU for advanced indexing; nothing to report
+    if func in (aten.index.Tensor, aten._unsafe_index.Tensor, aten.index_put.default, aten.index_put_.default,
+                aten.take.default):
+        # negative indices wrap on CPU for advanced indexing and take; nothing to report
         return
     raise exc(fallback_msg)

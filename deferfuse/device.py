@@ -153,6 +153,7 @@ def register() -> None:
 
     autocast.register()
     _keep_shared_parameters_shared()
+    _skip_pinning()
     torch.serialization.register_package(5, lambda obj: None, _load_onto_tpu)
     _registered = True
 
@@ -171,6 +172,28 @@ def _load_onto_tpu(storage, location: str):
 
 
 _WARNED_LOAD = [False]
+
+
+def _skip_pinning() -> None:
+    """DataLoader(pin_memory=True) pins batches for the current accelerator, tpu here, and
+    PyTorch has no pinned allocator for a Python backend (it raised). Host-to-tpu copies go
+    through NumPy and gain nothing from pinning, so batches pass through unpinned, as PyTorch
+    itself does for MPS."""
+    from torch.utils.data._utils import pin_memory as pinning
+
+    pin = pinning.pin_memory
+
+    def pin_memory(data, device=None):
+        if device == NAME or device is None and _current_accelerator_is_tpu():
+            return data
+        return pin(data, device)
+
+    pinning.pin_memory = pin_memory
+
+
+def _current_accelerator_is_tpu() -> bool:
+    acc = torch.accelerator.current_accelerator()
+    return acc is not None and acc.type == NAME
 _APPLYING = [False]
 
 

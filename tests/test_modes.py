@@ -286,6 +286,16 @@ def test_fork_rng_on_tpu():
         torch.tpu.device(1)
 
 
+def test_dataloader_with_pin_memory():
+    """pin_memory=True, standard in CUDA scripts, passes batches through unpinned (it raised:
+    PyTorch has no pinned allocator for a Python backend)."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    ds = TensorDataset(torch.arange(16.0).reshape(8, 2), torch.arange(8))
+    got = [(x.to("tpu") * 2).cpu() for x, _ in DataLoader(ds, batch_size=4, pin_memory=True)]
+    torch.testing.assert_close(torch.cat(got), torch.arange(16.0).reshape(8, 2) * 2)
+
+
 def test_host_reads():
     t = torch.tensor([[1.5, 2.0]]).to("tpu")
     assert t.tolist() == [[1.5, 2.0]]

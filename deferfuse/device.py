@@ -154,6 +154,9 @@ def register() -> None:
     autocast.register()
     _keep_shared_parameters_shared()
     _skip_pinning()
+    from . import backward
+
+    backward.install()
     torch.serialization.register_package(5, lambda obj: None, _load_onto_tpu)
     _registered = True
 

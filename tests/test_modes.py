@@ -286,6 +286,30 @@ def test_fork_rng_on_tpu():
         torch.tpu.device(1)
 
 
+def test_debug_error_inside_backward_is_raised_by_backward():
+    """A Debug check that fires inside backward raised through PyTorch's autograd engine, whose
+    device-guard cleanup then aborted the process; it is raised by backward() instead. Run in a
+    subprocess, so that a regression fails this test rather than killing the suite."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, deferfuse\n"
+        "with deferfuse.mode('debug'):\n"
+        "    x = torch.zeros(3, device='tpu', requires_grad=True)\n"
+        "    try:\n"
+        "        x.sqrt().sum().backward()\n"
+        "    except RuntimeError as e:\n"
+        "        print('raised', 'produced NaN or Inf' in str(e))\n"
+        "    y = torch.ones(3, device='tpu', requires_grad=True)\n"
+        "    (y * 2).sum().backward()\n"
+        "    print('after', y.grad.cpu().tolist())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-500:]
+    assert out.stdout.split("\n")[:2] == ["raised True", "after [2.0, 2.0, 2.0]"]
+
+
 def test_dataloader_with_pin_memory():
     """pin_memory=True, standard in CUDA scripts, passes batches through unpinned (it raised:
     PyTorch has no pinned allocator for a Python backend)."""

@@ -16,7 +16,7 @@ import math
 import jax.numpy as jnp
 import torch
 
-from .. import engine, sources
+from .. import backward, engine, sources
 from ..config import CONFIG
 from ..tensor import TpuTensor
 from .base import EagerMode, Executor
@@ -62,6 +62,12 @@ class DebugExecutor(Executor):
     checks_before = True
 
     def before_op(self, func, args, kwargs) -> None:
+        try:
+            self._check_before(func, args, kwargs)
+        except Exception as e:  # noqa: BLE001  (inside backward it must wait: see backward.py)
+            backward.raise_or_defer(e)
+
+    def _check_before(self, func, args, kwargs) -> None:
         spec = _INDEXED.get(func)
         if spec is not None:
             _check_indices(func, spec, args, kwargs)
@@ -84,10 +90,11 @@ class DebugExecutor(Executor):
             for st in done:
                 if st.dtype.is_floating_point or st.dtype.is_complex:
                     if not bool(jnp.isfinite(st.value).all()):
-                        raise RuntimeError(
+                        backward.raise_or_defer(RuntimeError(
                             f"deferfuse debug: {func} produced NaN or Inf from finite inputs "
                             f"(at {sources.fmt(where)}); set DEFERFUSE_DEBUG_NAN_CHECK=0 to disable this check"
-                        )
+                        ))
+                        return
 
 
 def _all_finite(args, kwargs) -> bool:

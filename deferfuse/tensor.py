@@ -295,7 +295,11 @@ def _repr(t: TpuTensor) -> str:
     suffixes = [f"device='{t.device}'"]
     if cpu.numel() == 0 and cpu.dim() != 1:
         suffixes.append(f"size={tuple(cpu.shape)}")
-    if t.dtype not in (torch.get_default_dtype(), torch.int64, torch.bool, torch.complex64):
+    default = torch.get_default_dtype()
+    # as CPU's repr: an empty tensor shows any dtype but the default (nothing to infer it from)
+    implied = (default,) if cpu.numel() == 0 else \
+        (default, torch.int64, torch.bool, torch.complex128 if default == torch.float64 else torch.complex64)
+    if t.dtype not in implied:
         suffixes.append(f"dtype={t.dtype}")
     if t.grad_fn is not None:
         name = type(t.grad_fn).__name__

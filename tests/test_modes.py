@@ -320,6 +320,18 @@ def test_dataloader_with_pin_memory():
     torch.testing.assert_close(torch.cat(got), torch.arange(16.0).reshape(8, 2) * 2)
 
 
+@pytest.mark.parametrize("make", [
+    lambda: torch.zeros(0, dtype=torch.int64), lambda: torch.zeros(0, dtype=torch.bool), lambda: torch.zeros(2, 0),
+    lambda: torch.zeros(0, dtype=torch.float16), lambda: torch.tensor([1, 2]), lambda: torch.tensor([1j]),
+    lambda: torch.tensor([1.0], dtype=torch.float64),
+])
+def test_repr_shows_dtype_as_cpu_does(make):
+    """An empty tensor shows any dtype but the default one (tpu left out int64 and bool)."""
+    t = make()
+    shown = repr(t.to("tpu"))
+    assert "device='tpu:0'" in shown and shown.replace(", device='tpu:0'", "") == repr(t)
+
+
 def test_host_reads():
     t = torch.tensor([[1.5, 2.0]]).to("tpu")
     assert t.tolist() == [[1.5, 2.0]]

@@ -183,6 +183,9 @@ def route_copy_(func, args, kwargs):
     if isinstance(dst, TpuTensor):
         _check_copy_shapes(dst, src)
         if isinstance(src, TpuTensor):
+            from .dispatch import check_no_partial_overlap
+
+            check_no_partial_overlap(dst, (src,))
             assign(dst, src)
             return dst
         _check_writable(dst)

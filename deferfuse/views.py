@@ -48,6 +48,20 @@ def dense_permutation(size: Sequence[int], stride: Sequence[int]) -> tuple[int, 
     return None
 
 
+def partially_overlap(a: tuple, b: tuple) -> bool:
+    """Whether two (size, stride, offset) views of one storage share some elements without being
+    the same view: CPU PyTorch then refuses to write one from the other ("some elements of the
+    input tensor and the written-to tensor refer to a single memory location"). Like CPU, it only
+    judges views that are dense in some dim order; others it lets through."""
+    (sa, ta, oa), (sb, tb, ob) = a, b
+    na, nb = math.prod(sa), math.prod(sb)
+    if na == 0 or nb == 0 or dense_permutation(sa, ta) is None or dense_permutation(sb, tb) is None:
+        return False
+    if oa == ob and na == nb:
+        return ta != tb
+    return oa < ob + nb and ob < oa + na
+
+
 def _unravel(offset: int, phys: Shape, pstr: tuple[int, ...]) -> list[int]:
     out = []
     for n, s in zip(phys, pstr):

@@ -238,3 +238,45 @@ def test_view_of_pending_value_then_read_in_deferred():
     expected = torch.full((3, 4), 2.0)
     expected[1] += 1
     torch.testing.assert_close(got, expected)
+
+
+_OVERLAPS = {
+    "setitem shifted slice": lambda x: x.__setitem__(slice(1, None), x[:-1]),
+    "add_ own transpose": lambda x: x[:4].view(2, 2).add_(x[:4].view(2, 2).T),
+    "copy_ own transpose": lambda x: x[:4].view(2, 2).copy_(x[:4].view(2, 2).T),
+    "add_ shifted slice": lambda x: x[1:].add_(x[:-1]),
+    "sub_ own element": lambda x: x.sub_(x[0]),
+    "mul_ own row": lambda x: x.view(2, 3).mul_(x.view(2, 3)[0]),
+    "out= shifted slice": lambda x: torch.add(x[:-1], 1, out=x[1:]),
+}
+_DISJOINT_OR_SAME = {
+    "add_ other column": lambda x: x.view(2, 3)[:, 0].add_(x.view(2, 3)[:, 1]),
+    "add_ other row": lambda x: x.view(2, 3)[0].add_(x.view(2, 3)[1]),
+    "add_ itself": lambda x: x.add_(x),
+    "add_ same view": lambda x: x.view(2, 3).add_(x.view(2, 3)),
+    "setitem disjoint slices": lambda x: x.__setitem__(slice(0, 2), x[3:5]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_OVERLAPS))
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_writing_a_view_from_a_partially_overlapping_view_raises_like_cpu(case, mode):
+    """CPU refuses; deferfuse computed as if the input had been cloned first."""
+    with pytest.raises(RuntimeError) as cpu:
+        _OVERLAPS[case](torch.arange(6.0))
+    x = torch.arange(6.0).to("tpu")
+    with pytest.raises(RuntimeError) as got:
+        with deferfuse.mode(mode):
+            _OVERLAPS[case](x)
+    assert str(got.value) == str(cpu.value)
+    torch.testing.assert_close(x.cpu(), torch.arange(6.0))  # untouched
+
+
+@pytest.mark.parametrize("case", sorted(_DISJOINT_OR_SAME))
+def test_views_that_cpu_lets_write_each_other_still_do(case):
+    def run(d):
+        x = torch.arange(6.0).to(d)
+        _DISJOINT_OR_SAME[case](x)
+        return x
+
+    check_all_modes(run)

@@ -162,18 +162,26 @@ def _out_info(meta_leaves) -> list:
 
 
 def _needs_cpu_probe(func, low, args, kwargs) -> bool:
-    """Elementwise ops whose CPU kernel may reject what the meta kernel lets through: in-place
-    ones (the result type must cast into the target), bitwise and shift ops, and any call on
-    integer or bool tensors."""
-    if low is None or low.family != "elementwise":
+    """Ops whose CPU kernel may reject what the meta kernel lets through, and whose result
+    cannot depend on their inputs' shapes beyond broadcasting and valid dims: elementwise ones
+    that are in-place (the result type must cast into the target), bitwise or shifts, and
+    elementwise ops, reductions and softmaxes on integer or bool tensors (CPU has no integer
+    std or softmax; deferfuse returned integer results)."""
+    if low is None:
         return False
-    name = func._overloadpacket.__name__
-    if name.endswith("_") or name.startswith(("bitwise_", "__")):
-        return True
+    if low.family == "elementwise":
+        name = func._overloadpacket.__name__
+        if name.endswith("_") or name.startswith(("bitwise_", "__")):
+            return True
+    elif low.family != "reduction" and func not in _SOFTMAXES:
+        return False
     for a in (*args, *kwargs.values()):
         if isinstance(a, TpuTensor) and not (a.dtype.is_floating_point or a.dtype.is_complex):
             return True
     return False
+
+
+_SOFTMAXES = (aten._softmax.default, aten._log_softmax.default)
 
 
 def _make_recipe(func, spec, key, args, kwargs, low=None, host=False) -> Recipe:

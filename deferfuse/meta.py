@@ -271,11 +271,12 @@ def run_meta(func, args: tuple, kwargs: dict):
 
 
 def run_cpu_probe(func, args: tuple, kwargs: dict) -> None:
-    """Run an elementwise op on CPU over ones of the same dtypes and ranks (one element each),
-    with the call's Python scalars: its dtype and scalar checks raise CPU's own errors at the
-    user's line. Meta kernels skip them (bool subtraction, an integer to a negative power, integer
-    division by zero, a float result written into an integer tensor, bitwise ops on floats).
-    Elementwise ops broadcast, so the stand-ins' shapes cannot fail where the real ones pass."""
+    """Run an op on CPU over ones of the same dtypes and ranks (one element each), with the
+    call's Python scalars: its dtype and scalar checks raise CPU's own errors at the user's line.
+    Meta kernels skip them (bool subtraction, an integer to a negative power, integer division by
+    zero, a float result written into an integer tensor, bitwise ops on floats, std of integers).
+    Only for ops that broadcast or reduce over given dims (see dispatch._needs_cpu_probe), where
+    the stand-ins' shapes cannot fail where the real ones pass."""
     def stand_in(x):
         if isinstance(x, TpuTensor):
             return torch.ones((1,) * x.dim(), dtype=x.dtype)

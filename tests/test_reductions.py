@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+import deferfuse
 from conftest import check_all_modes
 
 
@@ -22,3 +23,32 @@ def test_var_and_std_divide_by_n_minus_correction_clamped_at_zero(correction, mo
                 c.var(1, correction=correction)]
 
     check_all_modes(run, equal_nan=True)
+
+
+_CPU_REJECTS = {
+    "std of integers": lambda d: torch.tensor([1, 2, 4]).to(d).std(),
+    "var of integers over a dim": lambda d: torch.tensor([[1, 2], [4, 5]]).to(d).var(1),
+    "argmax of bool": lambda d: torch.tensor([True, False]).to(d).argmax(),
+    "softmax of integers": lambda d: torch.softmax(torch.tensor([1, 2]).to(d), 0),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_CPU_REJECTS))
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_reductions_cpu_rejects_raise_cpus_error(case, mode):
+    """Integer std and softmax returned integer results; CPU has no such kernels."""
+    with pytest.raises(Exception) as cpu:
+        _CPU_REJECTS[case]("cpu")
+    with pytest.raises(type(cpu.value)) as got:
+        with deferfuse.mode(mode):
+            _CPU_REJECTS[case]("tpu")
+    assert str(got.value) == str(cpu.value)
+
+
+def test_integer_and_bool_reductions_still_run():
+    def run(d):
+        i, b = torch.tensor([[1, 5], [4, 2]]).to(d), torch.tensor([[True, False], [True, True]]).to(d)
+        return [i.sum(1), b.sum(), i.mean(dtype=torch.float32), i.amax((0, 1)), i.cumsum(0), i.max(1)[1],
+                b.any(1), b.all(), i.argmin(), i.prod(0)]
+
+    check_all_modes(run)

@@ -271,26 +271,41 @@ def run_meta(func, args: tuple, kwargs: dict):
 
 
 def run_cpu_probe(func, args: tuple, kwargs: dict) -> None:
-    """Run an op on CPU over ones of the same dtypes and ranks (one element each), with the
-    call's Python scalars: its dtype and scalar checks raise CPU's own errors at the user's line.
-    Meta kernels skip them (bool subtraction, an integer to a negative power, integer division by
-    zero, a float result written into an integer tensor, bitwise ops on floats, std of integers).
-    Only for ops that broadcast or reduce over given dims (see dispatch._needs_cpu_probe), where
-    the stand-ins' shapes cannot fail where the real ones pass."""
-    def stand_in(x):
+    """Run an op on CPU over stand-ins with the same dtypes and the call's Python scalars: its
+    dtype and scalar checks raise CPU's own errors at the user's line. Meta kernels skip them
+    (bool subtraction, an integer to a negative power, integer division by zero, a float result
+    written into an integer tensor, bitwise ops on floats, std of integers).
+
+    The stand-ins are ones with one element and the same rank, which broadcast and reduce over
+    the same dims. An op with a shape requirement of its own (linalg.cross wants length 3) can
+    refuse them: the error is believed only if stand-ins of the real shapes (expanded from one
+    element, so they cost no memory; a written argument is allocated) fail too."""
+    def stand_in(x, real: bool, written: bool = False):
         if isinstance(x, TpuTensor):
-            return torch.ones((1,) * x.dim(), dtype=x.dtype)
+            if not real:
+                return torch.ones((1,) * x.dim(), dtype=x.dtype)
+            if written:
+                return torch.ones(x.shape, dtype=x.dtype)
+            return torch.ones((), dtype=x.dtype).expand(x.shape)
         if isinstance(x, torch.Tensor):
             return x.detach().clone()
         if isinstance(x, (list, tuple)):
-            return type(x)(stand_in(y) for y in x)
+            return type(x)(stand_in(y, real) for y in x)
         if isinstance(x, torch.device) or isinstance(x, str) and x.startswith("tpu"):
             return torch.device("cpu")
         return x
 
+    def call(real: bool):
+        inplace = func._schema.is_mutable
+        pargs = tuple(stand_in(a, real, written=inplace and i == 0) for i, a in enumerate(args))
+        func(*pargs, **{k: stand_in(v, real, written=inplace and k == "out") for k, v in kwargs.items()})
+
     with torch.no_grad(), torch.utils._python_dispatch._disable_current_modes(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        func(*stand_in(args), **{k: stand_in(v) for k, v in kwargs.items()})
+        try:
+            call(real=False)
+        except Exception:  # noqa: BLE001
+            call(real=True)
 
 
 def flatten_outputs(out) -> tuple[list, Any]:

@@ -434,3 +434,23 @@ def test_factories_with_a_lowering_dispatch_once(make):
     want = make("cpu")
     assert out.dtype == want.dtype
     torch.testing.assert_close(out.cpu(), want)
+
+
+def test_debug_lets_radams_intended_division_by_zero_through():
+    """Stock (foreach) RAdam divides by a zero scalar on purpose in its first steps; Debug
+    flagged it, so RAdam could not run in Debug mode. A plain division by zero still raises."""
+    def run(d):
+        torch.manual_seed(0)
+        p = torch.nn.Parameter(torch.ones(3).to(d))
+        opt = torch.optim.RAdam([p], lr=0.01)
+        for _ in range(3):
+            (p * torch.arange(3.0).to(d)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        return p.detach()
+
+    want = run("cpu")
+    with deferfuse.mode("debug"):
+        torch.testing.assert_close(run("tpu").cpu(), want)
+        with pytest.raises(RuntimeError, match="produced NaN or Inf"):
+            (torch.ones(3, device="tpu") / 0.0).cpu()

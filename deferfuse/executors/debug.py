@@ -78,7 +78,7 @@ class DebugExecutor(Executor):
         elif func in _CLASS_TARGETS:
             _check_targets(func, args, kwargs)
         if CONFIG.debug_nan_check:
-            self._inputs_finite = _all_finite(args, kwargs)
+            self._inputs_finite = _all_finite(args, kwargs) and not _divides_by_a_zero_scalar(func, args)
 
     def after_op(self, func) -> None:
         if not engine.STREAM.graph.nodes:
@@ -95,6 +95,19 @@ class DebugExecutor(Executor):
                             f"(at {sources.fmt(where)}); set DEFERFUSE_DEBUG_NAN_CHECK=0 to disable this check"
                         ))
                         return
+
+
+def _divides_by_a_zero_scalar(func, args) -> bool:
+    """A foreach division by a Python zero: PyTorch's own RAdam divides by its rectification
+    term, 0 for its first steps, and takes the reciprocal, so the infinity is intended. (A plain
+    `x / n` with n == 0 is still flagged: that one is usually a bug upstream.)"""
+    if func._overloadpacket.__name__ not in ("_foreach_div", "_foreach_div_"):
+        return False
+    for a in args[1:]:
+        for x in a if isinstance(a, (list, tuple)) else (a,):
+            if isinstance(x, (int, float)) and x == 0:
+                return True
+    return False
 
 
 def _all_finite(args, kwargs) -> bool:

@@ -339,9 +339,17 @@ def route_index(func, args, kwargs):
     from .dispatch import route_lowered
 
     x, indices = args[0], list(args[1])
+    _check_index_dtypes(indices)
     if _has_mask(indices):
         indices = bool_indices_to_long(indices)
     return route_lowered(func, (x, indices) + tuple(args[2:]), kwargs)
+
+
+def _check_index_dtypes(indices) -> None:
+    # CPU raises IndexError here; PyTorch's meta kernel raises the same message as RuntimeError
+    for i in indices:
+        if isinstance(i, torch.Tensor) and (i.dtype.is_floating_point or i.dtype.is_complex):
+            raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
 
 
 def route_index_put(func, args, kwargs):
@@ -350,6 +358,7 @@ def route_index_put(func, args, kwargs):
     from .dispatch import dispatch, route_lowered
 
     x, indices, values = args[0], list(args[1]), args[2]
+    _check_index_dtypes(indices)
     accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
     inplace = func is aten.index_put_.default
     if _has_mask(indices):

@@ -280,3 +280,16 @@ def test_views_that_cpu_lets_write_each_other_still_do(case):
         return x
 
     check_all_modes(run)
+
+
+@pytest.mark.parametrize("call", [
+    lambda x, i: x[i],
+    lambda x, i: x.__setitem__(i, 1.0),
+    lambda x, i: x.index_put_((i,), torch.tensor(1.0).to(x.device)),
+], ids=["getitem", "setitem", "index_put_"])
+def test_float_index_tensors_raise_index_error_like_cpu(call):
+    with pytest.raises(IndexError) as cpu:
+        call(torch.zeros(3), torch.tensor([0.0, 1.0]))
+    with pytest.raises(IndexError) as got:
+        call(torch.zeros(3).to("tpu"), torch.tensor([0.0, 1.0]).to("tpu"))
+    assert str(got.value) == str(cpu.value)

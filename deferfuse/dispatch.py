@@ -761,7 +761,10 @@ def _has_kernel(name: str, key: str) -> bool:
 def _classify(func) -> Callable:
     route = _classify_plain(func)
     twin = special.SCALAR_TWINS.get(func)
-    return route if twin is None else special.scalar_twin(*twin, route)
+    if twin is not None:
+        return special.scalar_twin(*twin, route)
+    pos = special.FILL_VALUES.get(func)
+    return route if pos is None else special.checked_fill(pos, route)
 
 
 def _classify_plain(func) -> Callable:

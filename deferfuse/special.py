@@ -420,6 +420,33 @@ SCALAR_TWINS = {
 }
 
 
+# Ops that write a Python number into a tensor of a given dtype, and the number's position:
+# CPU checks that it fits (x[0] = 300 into int8, full(..., 256, dtype=uint8) raise); XLA would wrap.
+FILL_VALUES = {
+    aten.scalar_tensor.default: 0,
+    aten.full.default: 1,
+    aten.fill.Scalar: 1,
+    aten.new_full.default: 2,
+    aten.full_like.default: 1,
+}
+
+
+def checked_fill(pos: int, route):
+    def route_fill(func, args, kwargs):
+        v = args[pos] if len(args) > pos else kwargs.get("fill_value", kwargs.get("value", kwargs.get("s")))
+        dtype = kwargs.get("dtype")
+        if dtype is None and pos > 0 and isinstance(args[0], torch.Tensor):
+            dtype = args[0].dtype
+        elif dtype is None and type(v) is float:  # full / scalar_tensor infer the default dtype
+            dtype = torch.get_default_dtype()
+        if dtype is not None and type(v) in (int, float) and dtype != torch.bool:
+            with torch.utils._python_dispatch._disable_current_modes():
+                torch.empty((), dtype=dtype).fill_(v)  # raises CPU's overflow error
+        return route(func, args, kwargs)
+
+    return route_fill
+
+
 def scalar_twin(pos: int, twin, route):
     def route_value(func, args, kwargs):
         v = args[pos] if len(args) > pos else kwargs.get("value")

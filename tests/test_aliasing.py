@@ -293,3 +293,36 @@ def test_float_index_tensors_raise_index_error_like_cpu(call):
     with pytest.raises(IndexError) as got:
         call(torch.zeros(3).to("tpu"), torch.tensor([0.0, 1.0]).to("tpu"))
     assert str(got.value) == str(cpu.value)
+
+
+_FILLS = {
+    "setitem 300 into int8": lambda d: torch.zeros(2, dtype=torch.int8).to(d).__setitem__(0, 300),
+    "setitem 1e40 into float32": lambda d: torch.zeros(2).to(d).__setitem__(1, 1e40),
+    "fill_ 400 into int8": lambda d: torch.zeros(2, dtype=torch.int8).to(d).fill_(400),
+    "full 256 as uint8": lambda d: torch.full((2,), 256, dtype=torch.uint8, device=d),
+    "full 1e40 as the default dtype": lambda d: torch.full((2,), 1e40, device=d),
+    "full_like 1000 as int8": lambda d: torch.full_like(torch.zeros(2, dtype=torch.int8).to(d), 1000),
+    "new_full 1000 as int8": lambda d: torch.zeros(2, dtype=torch.int8).to(d).new_full((3,), 1000),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_FILLS))
+def test_a_number_that_does_not_fit_the_dtype_raises_like_cpu(case):
+    """XLA wrapped it (x[0] = 300 into int8 gave 44)."""
+    with pytest.raises(RuntimeError) as cpu:
+        _FILLS[case]("cpu")
+    with pytest.raises(RuntimeError) as got:
+        with deferfuse.mode():
+            _FILLS[case]("tpu")
+    assert str(got.value) == str(cpu.value)
+
+
+def test_numbers_that_fit_still_fill():
+    def run(d):
+        a, b = torch.zeros(2, dtype=torch.int8).to(d), torch.zeros(2).to(d)
+        a[0] = -128
+        b[1] = float("inf")
+        return [a, b, torch.full((2,), 255, dtype=torch.uint8, device=d), torch.zeros(2, dtype=torch.int32).to(d).fill_(2.7),
+                torch.full((2,), 3.5, device=d)]
+
+    check_all_modes(run)

@@ -359,6 +359,11 @@ def route_index_put(func, args, kwargs):
 
     x, indices, values = args[0], list(args[1]), args[2]
     _check_index_dtypes(indices)
+    if func is not aten._unsafe_index_put.default and isinstance(values, torch.Tensor) and values.dtype != x.dtype:
+        # CPU requires the source's dtype to be the destination's; XLA would cast. Its message:
+        with torch.utils._python_dispatch._disable_current_modes():
+            torch.zeros(1, dtype=x.dtype).index_put_((torch.zeros(1, dtype=torch.long),),
+                                                     torch.zeros(1, dtype=values.dtype))
     accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
     inplace = func is aten.index_put_.default
     if _has_mask(indices):

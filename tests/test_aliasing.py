@@ -326,3 +326,24 @@ def test_numbers_that_fit_still_fill():
                 torch.full((2,), 3.5, device=d)]
 
     check_all_modes(run)
+
+
+@pytest.mark.parametrize("values", [torch.tensor([1.5, 2.5], dtype=torch.float64), torch.tensor(7)], ids=["f64", "i64"])
+@pytest.mark.parametrize("call", ["setitem", "index_put_", "index_put"])
+def test_index_put_of_another_dtype_raises_like_cpu(values, call):
+    def run(d):
+        x, i = torch.zeros(3, dtype=torch.int32).to(d), torch.tensor([0, 1]).to(d)
+        v = values.to(d) if values.dim() else values
+        if call == "setitem":
+            x[i] = v
+        elif call == "index_put_":
+            x.index_put_((i,), v)
+        else:
+            x.index_put((i,), v)
+
+    with pytest.raises(RuntimeError) as cpu:
+        run("cpu")
+    with pytest.raises(RuntimeError) as got:
+        with deferfuse.mode():
+            run("tpu")
+    assert str(got.value) == str(cpu.value)

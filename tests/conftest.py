@@ -41,6 +41,18 @@ def check_all_modes(fn, **tol):
         torch.testing.assert_close(got, expected, **tol, msg=lambda s, m=m: f"[{m}] {s}")
 
 
+def check_raises_like_cpu(fn, mode: str) -> BaseException:
+    """fn(device) raises on CPU; on tpu in `mode` it must raise the same type with the same
+    message, during the call (not at a later flush). Returns the tpu exception."""
+    with pytest.raises(Exception) as cpu:
+        fn("cpu")
+    with pytest.raises(type(cpu.value)) as got:
+        with deferfuse.mode(mode):
+            fn("tpu")
+    assert str(got.value) == str(cpu.value)
+    return got.value
+
+
 @pytest.fixture(autouse=True)
 def _clean_engine():
     deferfuse.sync()

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import inspect
 import traceback
+import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import deferfuse
-from conftest import MODES
+from conftest import MODES, check_all_modes
 
 
 # --- Debug -------------------------------------------------------------------------------------------
@@ -54,9 +55,11 @@ def test_debug_does_not_flag_intentional_infinities():
         lambda x, i: F.cross_entropy(x[:2], i),
         lambda x, i: F.nll_loss(x[:2], -i, ignore_index=-1),
         lambda x, i: F.cross_entropy(x[:2].reshape(2, 3, 1), i.view(2, 1)),
+        lambda x, i: F.one_hot(i, 4),
+        lambda x, i: F.one_hot(-i),
     ],
     ids=["index_select", "index", "embedding", "gather", "index_put", "scatter", "take", "cross_entropy",
-         "nll_loss_negative", "cross_entropy_2d"],
+         "nll_loss_negative", "cross_entropy_2d", "one_hot", "one_hot_negative"],
 )
 def test_debug_out_of_range_index_raises_like_cpu(call):
     """Debug checks indices (and class targets) on the host and raises CPU's own error."""
@@ -308,6 +311,16 @@ def test_debug_error_inside_backward_is_raised_by_backward():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-500:]
     assert out.stdout.split("\n")[:2] == ["raised True", "after [2.0, 2.0, 2.0]"]
+
+
+def test_one_hot_without_fallbacks():
+    def run(d):
+        i = torch.tensor([[1, 0], [2, 2]]).to(d)
+        return [F.one_hot(i), F.one_hot(i, 5), F.one_hot(torch.tensor([], dtype=torch.long).to(d), 3)]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a CPU fallback warns
+        check_all_modes(run)
 
 
 def test_dataloader_with_pin_memory():

@@ -16,7 +16,7 @@ import math
 import jax.numpy as jnp
 import torch
 
-from .. import backward, engine, sources
+from .. import backward, engine, modes, sources
 from ..config import CONFIG
 from ..tensor import TpuTensor
 from .base import EagerMode, Executor
@@ -188,6 +188,25 @@ def _check_offsets(func, args, kwargs) -> None:
     v = engine.concrete(offsets, "debug_op", None)
     if int(v[0]) != 0 or bool((v[1:] < v[:-1]).any()) or int(v[-1]) > idx.numel():
         _raise_like_cpu(func, args, kwargs, "invalid embedding_bag offsets", RuntimeError)
+
+
+def _one_hot(self, num_classes=-1):
+    """F.one_hot. PyTorch's composite checks the classes only on CPU (CUDA relies on a device
+    assert in its scatter), so on tpu out-of-range classes gave garbage: Debug checks them and
+    raises CPU's error. Computed as the composite does, a comparison with arange."""
+    if self.dtype != torch.int64 or self.numel() == 0:  # CPU's own checks, or an empty result
+        return aten.one_hot.default(torch.empty(self.shape, dtype=self.dtype), num_classes).to(self.device)
+    if num_classes == -1:
+        num_classes = int(self.max().item()) + 1  # a sync, on every device
+    if modes.current().kind is EagerMode.DEBUG:
+        v = engine.concrete(self, "debug_op", None)
+        if int(v.min()) < 0 or int(v.max()) >= num_classes:
+            _raise_like_cpu(aten.one_hot.default, (self, num_classes), {}, "one_hot: class out of range", RuntimeError)
+    return (self.unsqueeze(-1) == torch.arange(num_classes, device=self.device)).to(torch.int64)
+
+
+_lib = torch.library.Library("aten", "IMPL")
+_lib.impl("one_hot", _one_hot, "AutogradPrivateUse1")
 
 
 def _raise_like_cpu(func, args, kwargs, fallback_msg: str, exc: type = IndexError) -> None:

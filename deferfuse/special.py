@@ -45,6 +45,15 @@ def to_host(t: TpuTensor, default_cause: str) -> torch.Tensor:
     return out
 
 
+def route_assert_async(func, args, kwargs):
+    """torch._assert_async(cond[, msg]): read cond now and let CPU's kernel raise if it is zero.
+    It has no output, so as a recorded node it was dead and never ran: the assert silently
+    never fired. CUDA checks it later on the device; here it is a sync point ("assert")."""
+    host = [to_host(a, "assert") if isinstance(a, TpuTensor) else a for a in args]
+    with torch.utils._python_dispatch._disable_current_modes():
+        func(*host, **kwargs)
+
+
 def route_local_scalar_dense(func, args, kwargs):
     host = to_host(args[0], "item")
     return host.item()
@@ -469,6 +478,8 @@ def scalar_twin(pos: int, twin, route):
 
 
 HANDLERS = {
+    aten._assert_async.default: route_assert_async,
+    aten._assert_async.msg: route_assert_async,
     aten._local_scalar_dense.default: route_local_scalar_dense,
     aten._to_copy.default: route_to_copy,
     aten.copy_.default: route_copy_,

@@ -13,6 +13,7 @@ import torch
 import deferfuse
 from deferfuse import lanes, sources
 from deferfuse.config import CONFIG
+from conftest import MODES, check_raises_like_cpu
 
 HERE = __file__
 
@@ -234,3 +235,14 @@ def test_backward_ops_are_attributed_to_each_backward_call(events, monkeypatch):
     assert (HERE, _line_of("# <- first")) in lines["first"]
     assert (HERE, _line_of("# <- second")) in lines["second"]
     assert (HERE, _line_of("# <- first")) not in lines["second"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_assert_async_checks_its_condition(mode):
+    """torch._assert_async has no output: recorded as a node it was dead and never ran, so the
+    assert never fired. It is a sync point ("assert") and raises CPU's error."""
+    for cond, msg in ((torch.tensor(0), ()), (torch.tensor(False), ("my message",))):
+        check_raises_like_cpu(lambda d: torch._assert_async(cond.to(d) * 1, *msg), mode)
+    with deferfuse.mode(mode):
+        torch._assert_async(torch.tensor(3).to("tpu"))
+        torch._assert_async(torch.tensor(True).to("tpu") & True, "fine")

@@ -166,9 +166,11 @@ def _needs_cpu_probe(func, low, args, kwargs) -> bool:
     cannot depend on their inputs' shapes beyond broadcasting and valid dims: elementwise ones
     that are in-place (the result type must cast into the target), bitwise or shifts, and
     elementwise ops, reductions and softmaxes on integer or bool tensors (CPU has no integer
-    std or softmax; deferfuse returned integer results)."""
+    std or softmax; deferfuse returned integer results), and index ops given a floating index."""
     if low is None:
         return False
+    if low.family == "index":
+        return _float_index_argument(func, args, kwargs)
     if low.family == "elementwise":
         name = func._overloadpacket.__name__
         if name.endswith("_") or name.startswith(("bitwise_", "__")):
@@ -182,6 +184,19 @@ def _needs_cpu_probe(func, low, args, kwargs) -> bool:
 
 
 _SOFTMAXES = (aten._softmax.default, aten._log_softmax.default)
+_INDEX_ARGUMENTS = ("index", "indices", "offsets")
+
+
+def _float_index_argument(func, args, kwargs) -> bool:
+    """An index-family call with a floating index tensor (an index computed by a division):
+    CPU rejects its dtype before anything else, and XLA would fail only at the flush. Valid
+    calls are never probed, so the probe's stand-ins cannot trip on these ops' shape rules."""
+    for i, a in enumerate(func._schema.arguments):
+        if a.name in _INDEX_ARGUMENTS:
+            v = args[i] if i < len(args) else kwargs.get(a.name)
+            if isinstance(v, TpuTensor) and (v.dtype.is_floating_point or v.dtype.is_complex):
+                return True
+    return False
 
 
 def _make_recipe(func, spec, key, args, kwargs, low=None, host=False) -> Recipe:

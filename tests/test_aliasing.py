@@ -329,3 +329,20 @@ def test_index_put_of_another_dtype_raises_like_cpu(values, call):
             x.index_put((i,), v)
 
     assert isinstance(check_raises_like_cpu(run, "defer_and_fuse"), RuntimeError)
+
+
+_FLOAT_INDEX_CALLS = {
+    "index_select": lambda d: torch.zeros(3).to(d).index_select(0, torch.tensor([0.0, 1.0]).to(d)),
+    "gather": lambda d: torch.zeros(3).to(d).gather(0, torch.tensor([0.0, 1.0]).to(d)),
+    "scatter": lambda d: torch.zeros(3).to(d).scatter(0, torch.tensor([0.0, 1.0]).to(d), torch.ones(2).to(d)),
+    "index_add": lambda d: torch.zeros(3).to(d).index_add(0, torch.tensor([0.0, 1.0]).to(d), torch.ones(2).to(d)),
+    "embedding_bag offsets": lambda d: torch.nn.functional.embedding_bag(
+        torch.tensor([0, 1]).to(d), torch.zeros(3, 2).to(d), torch.tensor([0.0]).to(d)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_FLOAT_INDEX_CALLS))
+def test_index_ops_given_a_float_index_raise_cpus_error_at_the_call(case):
+    """They failed at the flush as FlushError (index_select, index_add), with another message
+    (gather), or ran (embedding_bag with float offsets)."""
+    check_raises_like_cpu(_FLOAT_INDEX_CALLS[case], "defer_and_fuse")

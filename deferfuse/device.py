@@ -197,6 +197,8 @@ def _skip_pinning() -> None:
 def _current_accelerator_is_tpu() -> bool:
     acc = torch.accelerator.current_accelerator()
     return acc is not None and acc.type == NAME
+
+
 _APPLYING = [False]
 
 

@@ -576,7 +576,7 @@ def route_mutating(func, args, kwargs):
         several = len(writes) > 1
         target = _written(func, writes, args, kwargs) if several else args[0]
         if not several and type(target) is TpuTensor:
-            check_no_partial_overlap(target, tensors)
+            special.check_no_partial_overlap(target, tensors)
         r = _INPLACE.get(key)
         if r is not None and _replaceable(r, target):
             _emit_into(r, tensors, scalars, target)
@@ -612,7 +612,7 @@ def route_mutating(func, args, kwargs):
     outs = [kwargs[n] for n in out_names]
     for o in outs:
         if type(o) is TpuTensor:
-            check_no_partial_overlap(o, tensors)
+            special.check_no_partial_overlap(o, tensors)
     results = [result] if len(outs) == 1 else list(result)
     for o, r in zip(outs, results):
         if isinstance(o, (list, tuple)):  # a Tensor[] out (split_with_sizes_copy, unbind_copy)
@@ -625,22 +625,6 @@ def route_mutating(func, args, kwargs):
     if not func._schema.returns:
         return None
     return outs[0] if len(outs) == 1 else tuple(outs)
-
-
-def check_no_partial_overlap(target: TpuTensor, inputs) -> None:
-    """Refuse, as CPU does, to write a view from another view of the same storage that shares
-    some of its elements; deferfuse would compute as if the input were cloned first."""
-    st = target._st
-    for t in inputs:
-        if t._st is st and t is not target and views.partially_overlap(_view_of(t), _view_of(target)):
-            raise RuntimeError(
-                "unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
-                "single memory location. Please clone() the tensor before performing the operation.")
-
-
-def _view_of(t: TpuTensor) -> tuple:
-    size, stride, _ = LAYOUTS[t._lid]
-    return size, stride, offset_of(t)
 
 
 def _flat(values) -> list:

@@ -12,13 +12,14 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from . import engine, events, sources, tensor
+from . import engine, events, sources, tensor, views
 from .config import CONFIG
 from .dtypes import to_jax_dtype
 from .events import METRICS
 from .graph import Op
 from .meta import run_meta
-from .tensor import LAYOUTS, Storage, TpuTensor, from_concrete, host_to_jax, jax_to_host, layout_id, new_tensor
+from .tensor import (LAYOUTS, Storage, TpuTensor, from_concrete, host_to_jax, jax_to_host, layout_id, new_tensor,
+                     offset_of)
 
 aten = torch.ops.aten
 
@@ -124,6 +125,22 @@ def _check_writable(dst: TpuTensor) -> None:
         )
 
 
+def check_no_partial_overlap(target: TpuTensor, inputs) -> None:
+    """Refuse, as CPU does, to write a view from another view of the same storage that shares
+    some of its elements; deferfuse would compute as if the input were cloned first."""
+    st = target._st
+    for t in inputs:
+        if t._st is st and t is not target and views.partially_overlap(_view_of(t), _view_of(target)):
+            raise RuntimeError(
+                "unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
+                "single memory location. Please clone() the tensor before performing the operation.")
+
+
+def _view_of(t: TpuTensor) -> tuple:
+    size, stride, _ = LAYOUTS[t._lid]
+    return size, stride, offset_of(t)
+
+
 def _overlaps(size, stride) -> bool:
     dims = sorted((s, n) for n, s in zip(size, stride) if n > 1)
     span = 1
@@ -192,8 +209,6 @@ def route_copy_(func, args, kwargs):
     if isinstance(dst, TpuTensor):
         _check_copy_shapes(dst, src)
         if isinstance(src, TpuTensor):
-            from .dispatch import check_no_partial_overlap
-
             check_no_partial_overlap(dst, (src,))
             assign(dst, src)
             return dst

@@ -21,7 +21,7 @@ import torch
 
 from ..dtypes import compute_dtype
 from ..tensor import TpuTensor
-from .registry import lowering
+from .registry import bound, lowering
 
 _lib = torch.library.Library("deferfuse", "DEF")
 _lib.define(
@@ -128,13 +128,6 @@ _impl.impl("scaled_dot_product_attention", _sdpa_autograd, "AutogradPrivateUse1"
 # --- the inference fast paths of nn.MultiheadAttention and nn.TransformerEncoderLayer ------------
 
 
-def _bound(op, args, kwargs) -> dict:
-    """The call's arguments by schema name, defaults filled in."""
-    got = {a.name: a.default_value for a in op._schema.arguments if a.has_default_value()}
-    got.update(zip([a.name for a in op._schema.arguments], args), **kwargs)
-    return got
-
-
 _MHA = torch.ops.aten._native_multi_head_attention.default
 _ENCODER_LAYER = torch.ops.aten._transformer_encoder_layer_fwd.default
 
@@ -142,7 +135,7 @@ _ENCODER_LAYER = torch.ops.aten._transformer_encoder_layer_fwd.default
 def _mha_supported(args, kwargs):
     """Query/key/value of one shape and a mask with its type given, as CPU's kernel requires;
     anything else runs there and raises as CPU does."""
-    a = _bound(_MHA, args, kwargs)
+    a = bound(_MHA, args, kwargs)
     same = a["query"].shape == a["key"].shape == a["value"].shape
     return same and (a["mask"] is None or a["mask_type"] in (0, 1, 2))
 
@@ -150,7 +143,7 @@ def _mha_supported(args, kwargs):
 def _mha_meta(args, kwargs):
     # PyTorch's meta gives an empty tensor for unrequested weights; CPU's kernel returns None
     out, weights = _MHA(*args, **kwargs)
-    return out, (weights if _bound(_MHA, args, kwargs)["need_weights"] else None)
+    return out, (weights if bound(_MHA, args, kwargs)["need_weights"] else None)
 
 
 def _mha(query, key, value, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type, up):
@@ -188,7 +181,7 @@ def native_multi_head_attention(query, key, value, embed_dim, num_head, qkv_weig
 
 
 def _encoder_layer_supported(args, kwargs):
-    a = _bound(_ENCODER_LAYER, args, kwargs)
+    a = bound(_ENCODER_LAYER, args, kwargs)
     return a["mask"] is None or a["mask_type"] in (0, 1, 2)
 
 

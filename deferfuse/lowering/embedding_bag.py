@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from ..dtypes import compute_dtype
-from .registry import aten, lowering
+from .registry import aten, bound, lowering
 
 SUM, MEAN, MAX = 0, 1, 2
 
@@ -39,8 +39,7 @@ def _bags(indices, offsets, n_bags: int, ends_last: bool, padding_idx: int):
 def _meta(args, kwargs):
     """CPU's output shapes: offset2bag is empty for a sum without padding, bag_size has one entry
     per bag, max_indices one per bag (sum, mean) or per bag and column (max)."""
-    b = aten._embedding_bag.default._schema.arguments
-    v = {a.name: (args[i] if i < len(args) else kwargs.get(a.name, a.default_value)) for i, a in enumerate(b)}
+    v = bound(aten._embedding_bag.default, args, kwargs)
     weight, indices, offsets = v["weight"], v["indices"], v["offsets"]
     n_bags = offsets.shape[0] - int(v["include_last_offset"])
     mode = v["mode"]
@@ -85,8 +84,7 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=SUM, 
 
 
 def _dense(args, kwargs):
-    sparse = args[9] if len(args) > 9 else kwargs.get("sparse", False)
-    return not sparse
+    return not bound(aten._embedding_bag_backward.default, args, kwargs)["sparse"]
 
 
 @lowering(aten._embedding_bag_backward.default, family="index", supports=_dense)

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from ..dtypes import to_jax_dtype, HALF as _HALF
+from ..dtypes import to_jax_dtype, up_half, HALF as _HALF
 from .registry import aten, lowering
 
 
@@ -148,7 +148,7 @@ def multinomial(w, num_samples, replacement=False, *, key):
     sampling without replacement in draw order; once the nonzero weights are used up, the zero
     ones follow, as on CPU. Invalid weights (negative, non-finite, a zero row) are
     only detected in Debug mode, which raises CPU's error."""
-    w = w.astype(jnp.float32) if w.dtype in _HALF else w
+    w = up_half(w)
     if not replacement:
         noisy = jnp.log(w) + jax.random.gumbel(key, w.shape, w.dtype)
         return lax.top_k(noisy, num_samples)[1].astype(jnp.int64)

@@ -65,6 +65,13 @@ class Lowering:
 LOWERINGS: dict[Any, Lowering] = {}
 
 
+def bound(op, args, kwargs) -> dict:
+    """A call's arguments by schema name, defaults filled in (for `supports=` and `meta=` hooks)."""
+    got = {a.name: a.default_value for a in op._schema.arguments if a.has_default_value()}
+    got.update(zip([a.name for a in op._schema.arguments], args), **kwargs)
+    return got
+
+
 def lowering(
     *ops,
     family: str = "elementwise",

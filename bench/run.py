@@ -1,12 +1,19 @@
 """deferfuse's benchmark suite: every workload under every engine, side by side, in one run.
 
-    python -m bench [--reps 5] [--steps 5] [--json FILE] [--workloads mlp,gpt] [--quick]
+    python -m bench [--reps 5] [--window-ms 500] [--json FILE] [--workloads mlp,gpt]
 
 In-process engines (cpu, strict, debug, defer_and_fuse, jit) are prepared once and then measured
 A/B interleaved, several repetitions each; the tables quote medians. torchax runs in a process of
 its own (see torchax_runner.py) right after. Peak memory is the process's resident-set high-water
 mark (Linux VmHWM, reset before each measured run) minus its resident set at the start of the
 run: JAX's CPU buffers live in the process, where tracemalloc cannot see them.
+
+A repetition times a run of steps between two syncs. An engine that defers or dispatches
+asynchronously starts each such run with nothing in flight, so the host's work for the first step
+overlaps nothing; a run of five MLP steps put about a fifth of a step's recording on every step,
+which is the cost of a loop that syncs every five steps, not a steady state. Each run therefore
+lasts at least --window-ms for the slowest in-process engine (the same step count for every
+engine of a workload), and the workloads that end in `.item()` show the loop that syncs every step.
 """
 from __future__ import annotations
 
@@ -24,7 +31,7 @@ sys.path.insert(0, HERE)
 import torch  # noqa: E402
 
 import deferfuse  # noqa: E402
-from workloads import WORKLOADS  # noqa: E402
+from workloads import WORKLOADS, steps_for  # noqa: E402
 
 IN_PROCESS = ("cpu", "strict", "debug", "defer_and_fuse", "jit")
 
@@ -51,9 +58,9 @@ def _reset_peak() -> None:
 # --- measuring ---------------------------------------------------------------------------------------
 
 
-def measure_workload(name: str, engines, warm: int, steps: int, reps: int) -> dict:
+def measure_workload(name: str, engines, warm: int, steps: int, reps: int, window_ms: float = 0.0) -> dict:
     make = WORKLOADS[name]
-    runners, res = {}, {}
+    runners, res, slowest = {}, {}, 0.0
     for e in engines:
         if e == "torchax":
             continue
@@ -74,6 +81,13 @@ def measure_workload(name: str, engines, warm: int, steps: int, reps: int) -> di
         r["compiled_warmup"] = deferfuse.metrics()["cache_misses"] - misses0
         r["step_ms"], r["peak_mb"], r["compiled_steady"] = [], [], 0
         runners[e] = runner
+        t0 = time.perf_counter()
+        runner.step()
+        runner.sync()
+        slowest = max(slowest, (time.perf_counter() - t0) * 1e3)
+    steps = steps_for(window_ms, slowest, steps)
+    for r in res.values():
+        r["steps_per_run"] = steps
     for _ in range(reps):
         for e, runner in runners.items():
             r = res[e]
@@ -89,12 +103,13 @@ def measure_workload(name: str, engines, warm: int, steps: int, reps: int) -> di
             r["compiled_steady"] += deferfuse.metrics()["cache_misses"] - misses0
     del runners
     if "torchax" in engines:
-        res["torchax"] = _torchax(name, warm, steps, reps)
+        res["torchax"] = _torchax(name, warm, steps, reps, window_ms)
     return res
 
 
-def _torchax(name: str, warm: int, steps: int, reps: int) -> dict:
-    cmd = [sys.executable, os.path.join(HERE, "torchax_runner.py"), name, str(warm), str(steps), str(reps)]
+def _torchax(name: str, warm: int, steps: int, reps: int, window_ms: float) -> dict:
+    cmd = [sys.executable, os.path.join(HERE, "torchax_runner.py"), name, str(warm), str(steps), str(reps),
+           str(window_ms)]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     except subprocess.TimeoutExpired:
@@ -271,7 +286,9 @@ def render(results: dict, engines) -> str:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--steps", type=int, default=5, help="the fewest steps in a timed run")
+    p.add_argument("--window-ms", type=float, default=500.0,
+                   help="a timed run lasts at least this long for the workload's slowest engine")
     p.add_argument("--warm", type=int, default=3)
     p.add_argument("--workloads", default="", help="comma-separated name prefixes (default: all)")
     p.add_argument("--engines", default=",".join(IN_PROCESS + ("torchax",)))
@@ -286,7 +303,8 @@ def main(argv=None) -> None:
     results["tiny"] = tiny_ops(args.reps)
     for name in names:
         print(f"... {name}", file=sys.stderr, flush=True)
-        results["workloads"][name] = measure_workload(name, engines, args.warm, args.steps, args.reps)
+        results["workloads"][name] = measure_workload(name, engines, args.warm, args.steps, args.reps,
+                                                           args.window_ms)
     if not args.no_scaling:
         results["compile_scaling"] = compile_scaling()
     text = render(results, engines)

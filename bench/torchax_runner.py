@@ -16,7 +16,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 def main() -> None:
     name, warm, steps, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    from workloads import WORKLOADS, _ctx
+    window_ms = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
+    from workloads import WORKLOADS, _ctx, steps_for
 
     out = {"engine": "torchax", "workload": name}
     try:
@@ -29,6 +30,11 @@ def main() -> None:
         for _ in range(warm):
             runner.step()
         runner.sync()
+        t0 = time.perf_counter()
+        runner.step()
+        runner.sync()
+        steps = steps_for(window_ms, (time.perf_counter() - t0) * 1e3, steps)
+        out["steps_per_run"] = steps
         times = []
         for _ in range(reps):
             t0 = time.perf_counter()

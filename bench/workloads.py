@@ -105,6 +105,12 @@ def _make_runner(engine: str, step_fn: Callable[[], object]) -> Runner:
     return Runner(step, _sync_for(engine, last))
 
 
+def steps_for(window_ms: float, step_ms: float, least: int, most: int = 500) -> int:
+    """How many steps make a timed run last window_ms, so that the first step's unoverlapped host
+    work is a small share of it."""
+    return max(least, min(most, -int(-window_ms // max(step_ms, 1e-3))))
+
+
 # --- workloads -------------------------------------------------------------------------------------
 
 
@@ -268,10 +274,29 @@ def kv_decode(engine: str, bucket: int = 0, tokens: int = 48) -> Runner:
     return _make_runner(engine, generate)
 
 
+def item_every_step(make: Callable[[str], Runner]) -> Callable[[str], Runner]:
+    """The same step in a loop that logs its loss with `.item()` every step, as many training loops
+    do: each step waits for its own result, so no engine overlaps the host's next step with it."""
+
+    def wrapped(engine: str) -> Runner:
+        r = make(engine)
+        ctx = _ctx(engine) if engine == "torchax" else contextlib.nullcontext()
+
+        def step():
+            out = r.step()
+            with ctx:  # a torchax tensor reads its value only inside torchax's environment
+                return out.item()
+
+        return Runner(step, r.sync)
+
+    return wrapped
+
+
 WORKLOADS: dict[str, Callable[[str], Runner]] = {
     "chain (20 ops, 16M floats)": chain,
     "mlp train (3x512, batch 64)": mlp,
     "mlp train, AdamW(fused=True)": lambda e: mlp(e, fused=True),
+    "mlp train, loss.item() every step": item_every_step(mlp),
     "gpt train (4 layers, d128)": gpt,
     "gpt train, AdamW(fused=True)": lambda e: gpt(e, fused=True),
     "convnet train (2 conv, bs 32)": convnet,

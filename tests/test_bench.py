@@ -1,0 +1,36 @@
+"""bench/: the suite still runs, and a timed run is long enough to be a steady state."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+
+import run as bench_run  # noqa: E402
+import workloads  # noqa: E402
+
+
+@pytest.mark.parametrize("window_ms, step_ms, least, want", [
+    (500, 3.4, 5, 148),   # a 3.4 ms step: enough steps to fill the window
+    (500, 370, 5, 5),     # a step longer than the window: never fewer than asked
+    (500, 0.0, 5, 500),   # a step too fast to time: capped
+    (0, 3.4, 5, 5),       # no window: the fewest steps asked for
+])
+def test_steps_fill_the_window(window_ms, step_ms, least, want):
+    assert workloads.steps_for(window_ms, step_ms, least) == want
+
+
+def test_suite_runs_a_training_workload_in_every_in_process_engine():
+    name = "mlp train, loss.item() every step"
+    engines = ["cpu", "strict", "defer_and_fuse", "jit"]
+    res = bench_run.measure_workload(name, engines, warm=1, steps=2, reps=1, window_ms=20.0)
+    for e in engines:
+        assert "error" not in res[e], res[e]
+        assert len(res[e]["step_ms"]) == 1 and res[e]["step_ms"][0] > 0
+        # the same run length for every engine of a workload, at least what was asked for
+        assert res[e]["steps_per_run"] == res["cpu"]["steps_per_run"] >= 2
+        assert res[e]["compiled_steady"] == 0
+    table = bench_run.render({"workloads": {name: res}}, engines)
+    assert name in table and "defer vs jit" in table

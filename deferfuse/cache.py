@@ -95,7 +95,7 @@ class Plan:
             METRICS.execute_calls += 1
             if g.sources is not None:  # capturing: the replays keep reading these inputs
                 return self.single(g.inputs, g.scalars)
-            return self.single.run(g.inputs, g.scalars)
+            return self.single.run(g.inputs, g.scalars, lambda: _replaces(g, None))
         env: dict[int, Any] = {-(i + 1): a for i, a in enumerate(g.inputs)}
         donate = g.sources is None
         for step in self.steps:
@@ -115,9 +115,30 @@ class Plan:
             else:
                 METRICS.execute_calls += 1
                 scs = [g.scalars[i] for i in step.scalar_ids]
-                for r, o in zip(grp.out_refs, step.fn.run(ins, scs) if donate else step.fn(ins, scs)):
+                outs = step.fn.run(ins, scs, lambda grp=grp: _replaces(g, grp)) if donate else step.fn(ins, scs)
+                for r, o in zip(grp.out_refs, outs):
                     env[r] = o
         return [env[r] for r in out_refs]
+
+
+def _replaces(g: Graph, grp) -> dict[int, int]:
+    """Which output of a program is the new value of which of its inputs: position of the
+    input -> position of the output (among the flush's outputs for the single program, among the
+    group's for a step), for storages that were read here and then written."""
+    prior = g.prior
+    if not prior:
+        return {}
+    if grp is None:
+        refs = g.live_refs
+        return {prior[id(s)]: refs[s.ref] for s in g.live if id(s) in prior}
+    ins = {r: k for k, r in enumerate(grp.in_refs)}
+    outs = {r: j for j, r in enumerate(grp.out_refs)}
+    pairs = {}
+    for s in g.live:
+        pos = prior.get(id(s))
+        if pos is not None and -(pos + 1) in ins and s.ref in outs:
+            pairs[ins[-(pos + 1)]] = outs[s.ref]
+    return pairs
 
 
 _PLANS: dict[Key, Plan] = {}
@@ -308,13 +329,16 @@ class Compiled:
     the call allocates nothing for those outputs.
     """
 
-    __slots__ = ("key", "fn", "ids", "back", "donors", "budget", "nbytes", "variants", "compiled")
+    __slots__ = ("key", "fn", "ids", "back", "donors", "budget", "nbytes", "variants", "compiled", "in_avals",
+                 "out_avals")
 
     def __init__(self, key, fn, ids, back, in_avals, out_avals, expect=None):
         self.key = key
         self.fn = fn
         self.ids = ids
         self.back = back
+        self.in_avals = in_avals
+        self.out_avals = out_avals
         budget: dict = {}
         for av in out_avals:
             budget[av] = budget.get(av, 0) + 1
@@ -324,7 +348,8 @@ class Compiled:
         self.donors = [(i, av, _ONLY_THE_LIST if expect is None else expect[i])
                        for i, av in enumerate(in_avals) if av in budget]
         self.nbytes = {i: _nbytes(*av) for i, av, _ in self.donors}
-        self.variants: dict[tuple, Any] = {(): fn}
+        # donated positions -> (program, the order it takes them in, where each output lands)
+        self.variants: dict[tuple, tuple] = {(): (fn, (), back)}
         self.compiled = 0  # programs this object ran first (each one an XLA compile)
 
     def __call__(self, inputs, scalars):
@@ -333,35 +358,70 @@ class Compiled:
             self._first(fn)
         return self._finish(fn(inputs, self._scalars(scalars)))
 
-    def run(self, inputs, scalars):
-        """Like calling it, donating what `donatable` finds."""
+    def run(self, inputs, scalars, replaces=None):
+        """Like calling it, donating what `donatable` finds. `replaces()` says which output is the
+        new value of which input (see `_replaces`); the first call with a new donation pattern
+        asks it, so that each donated buffer takes its own input's new value. XLA then updates
+        it in place, where a buffer handed to another output of its shape costs a copy."""
         if not self.donors or not CONFIG.donate:
             return self(inputs, scalars)
         mask = self.donatable(inputs)
-        fn = self.variants.get(mask)
-        if fn is None:
+        variant = self.variants.get(mask)
+        if variant is None:
             if len(self.variants) > _MAX_VARIANTS:  # a pattern that keeps changing: stop compiling
                 mask = max((m for m in self.variants if set(m) <= set(mask)), key=len)
-                fn = self.variants[mask]
+                variant = self.variants[mask]
             else:
-                fn = self.variants[mask] = _donating_variant(self.key, self.fn, mask)
+                pairs = replaces() if replaces is not None else {}
+                if self._prefer(pairs):
+                    mask = self.donatable(inputs)
+                variant = self.variants.get(mask)
+                if variant is None:
+                    variant = self.variants[mask] = self._variant(mask, pairs)
         if not mask:
             return self(inputs, scalars)
+        fn, give, back = variant
         if fn not in _RAN:
             self._first(fn)
         m = METRICS
         m.buffers_donated += len(mask)
         nbytes = self.nbytes
         m.bytes_donated += sum([nbytes[i] for i in mask])
-        keep, give = [], []
-        j = 0
-        for i, a in enumerate(inputs):
-            if j < len(mask) and mask[j] == i:
-                give.append(a)
-                j += 1
-            else:
-                keep.append(a)
-        return self._finish(fn(keep, give, self._scalars(scalars)))
+        given = set(give)
+        keep = [a for i, a in enumerate(inputs) if i not in given]
+        outs = fn(keep, [inputs[i] for i in give], self._scalars(scalars))
+        return outs if back is None else [outs[k] for k in back]
+
+    def _prefer(self, replaces: dict[int, int]) -> bool:
+        """Offer the inputs that an output replaces first, so that dead temporaries of the same
+        shape (a gradient read for the last time) do not take the outputs they would alias."""
+        donors = sorted(self.donors, key=lambda d: d[0] not in replaces)
+        if donors == self.donors:
+            return False
+        self.donors = donors
+        return True
+
+    def _variant(self, mask: tuple, replaces: dict[int, int]) -> tuple:
+        """The donating program for `mask`, with the donated inputs and the outputs reordered so
+        that JAX, which hands each output the first unclaimed donated input of its shape, pairs
+        every input with its own new value; the rest pair as before."""
+        back = self.back
+        raw = (lambda k: k) if back is None else back.__getitem__
+        paired, outs, taken = [], [], set()
+        for i in mask:
+            k = replaces.get(i)
+            if k is not None:
+                j = raw(k)
+                if j not in taken and self.in_avals[i] == self.out_avals[j]:
+                    paired.append(i)
+                    outs.append(j)
+                    taken.add(j)
+        give = tuple(paired) + tuple(i for i in mask if i not in set(paired))
+        order = tuple(outs) + tuple(j for j in range(len(self.out_avals)) if j not in taken)
+        fn = _donating_variant(self.key, self.fn, give, order)
+        where = {j: p for p, j in enumerate(order)}
+        final = [where[raw(k)] for k in range(len(order))]
+        return fn, give, None if final == list(range(len(final))) else final
 
     def donatable(self, inputs) -> tuple:
         """Positions of inputs referenced only by the graph's input list, up to one per output
@@ -377,7 +437,7 @@ class Compiled:
                 if budget[av]:
                     budget[av] -= 1
                     out.append(i)
-        return tuple(out)
+        return tuple(sorted(out))
 
     def _first(self, fn) -> None:
         _RAN.add(fn)
@@ -392,19 +452,21 @@ class Compiled:
         return outs if back is None else [outs[k] for k in back]
 
 
-def _donating_variant(key: tuple, fn, mask: tuple):
-    """The group program `fn` taking the inputs at `mask` as a second, donated list."""
-    variant = _DONATING.get((key, mask))
+def _donating_variant(key: tuple, fn, give: tuple, order: tuple):
+    """The group program `fn` taking the inputs at `give` (in that order) as a second, donated
+    list, and returning its outputs in `order`."""
+    variant = _DONATING.get((key, give, order))
     if variant is None:
         raw = fn.__wrapped__  # jax.jit keeps the traceable function
-        give = set(mask)
+        slot = {i: p for p, i in enumerate(give)}
 
         def donating(keep, donated, scalars):
-            it_keep, it_give = iter(keep), iter(donated)
-            inputs = [next(it_give) if i in give else next(it_keep) for i in range(len(keep) + len(donated))]
-            return raw(inputs, scalars)
+            it_keep = iter(keep)
+            inputs = [donated[slot[i]] if i in slot else next(it_keep) for i in range(len(keep) + len(donated))]
+            outs = raw(inputs, scalars)
+            return [outs[j] for j in order]
 
-        variant = _DONATING[(key, mask)] = jax.jit(donating, donate_argnums=1)
+        variant = _DONATING[(key, give, order)] = jax.jit(donating, donate_argnums=1)
         METRICS.programs_built += 1
     return variant
 

@@ -72,7 +72,7 @@ class Captured:
         variants = single.compiled
         t0 = time.perf_counter()
         try:
-            values = single.run(inputs, self._scalars)
+            values = single.run(inputs, self._scalars, lambda: self._replaces(handed))
         except BaseException:
             for st, pos in handed:
                 st.value = inputs[pos]
@@ -84,6 +84,11 @@ class Captured:
             st.value = values[idx]
         engine.track_inflight(values)  # deferfuse.sync() waits for replays like any program
         return self.result
+
+    def _replaces(self, handed) -> dict[int, int]:
+        """Input position -> output position of each storage the replay reads and overwrites."""
+        out_of = {id(st): idx for st, idx in self._outputs}
+        return {pos: out_of[id(st)] for st, pos in handed}
 
 
 def capture(step: Callable[..., Any], *args: Any) -> Captured:

@@ -202,6 +202,7 @@ def flush(cause: str, where=None) -> list:
                 if r not in refs:
                     refs[r] = len(refs)
         out_refs = tuple(refs)
+        g.live, g.live_refs = live, refs
         try:
             results, plan, hit = cache.execute(g, out_refs, cause, where)
         except Exception as exc:  # noqa: BLE001 - re-raised with context below
@@ -209,6 +210,7 @@ def flush(cause: str, where=None) -> list:
             raise AssertionError("unreachable")
         for s in live:
             s.value = results[refs[s.ref]]
+        g.live = []
         track_inflight(results)
         if g.sources is not None:
             STREAM.captured = (g, out_refs, [(s, refs[s.ref]) for s in live], plan)

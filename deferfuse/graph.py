@@ -171,6 +171,11 @@ class Graph:
         self.sig: list = []  # per node (op id, inputs), the structural key
         self.reads: dict = {}  # (ref, plan, offset) -> ref, so repeated view reads share a node
         self.sources: list | None = None  # while capturing: the storage each input came from
+        # id(storage) -> position of the input that was its value before it became pending here:
+        # which output replaces which input, so a donated buffer takes its own new value
+        self.prior: dict[int, int] = {}
+        self.live: list = []  # at the flush: the storages that receive values
+        self.live_refs: dict[int, int] = {}  # at the flush: out ref -> position among the outputs
 
     def __len__(self):
         return len(self.nodes)

@@ -67,11 +67,16 @@ class Storage:
         return self.numel * self.dtype.itemsize
 
     def set_pending(self, graph, ref: int) -> None:
-        self.value = None
-        self.ref = ref
         if self.graph is not graph:  # already pending there: the graph tracks it once
+            v = self.value
+            if v is not None:
+                pos = graph._input_pos.get(id(v))  # the graph holds its inputs, so the id is theirs
+                if pos is not None:
+                    graph.prior[id(self)] = pos
             self.graph = graph
             graph.storages.append(weakref.ref(self))
+        self.value = None
+        self.ref = ref
 
     def set_value(self, array) -> None:
         self.value = array

@@ -7,8 +7,11 @@ and every other view) falls out of reading and writing through the same storage.
 
 A read or write is compiled from a static *plan* chosen once per layout: the common views
 (transpose, slice, select, expand, unsqueeze, reshape of contiguous data) become slices and
-transposes that XLA fuses for free; only exotic layouts (diagonal, overlapping as_strided) pay for
-a gather/scatter. The storage offset is a runtime input, so a view that moves through a buffer
+transposes that XLA fuses for free. A view whose strides nest but do not follow the physical dims
+(a head split of a fused qkv projection: `qkv.split(c, -1)[1].view(b, t, h, d).transpose(1, 2)`)
+reads the flat buffer reshaped so that each stride is a dim of its own, which is still a slice and
+a transpose; only exotic layouts (diagonal, overlapping as_strided) pay for a gather/scatter,
+which is slow on every backend and slowest on TPUs. The storage offset is a runtime input, so a view that moves through a buffer
 (a KV cache position, a loop over rows) reuses one compiled program.
 """
 from __future__ import annotations
@@ -100,8 +103,46 @@ def plan_view(phys: Shape, size: Shape, stride: tuple[int, ...], offset: int) ->
     contiguous = [t[0] for t in order] == [t[0] for t in real] and is_contiguous(
         [t[1] for t in real], [t[2] for t in real]
     )
+    if not contiguous:
+        nested = _plan_nested(math.prod(phys), order, offset)
+        if nested is not None:
+            return ("strided", phys, size, nested, bcast, zero)
     kind = "flat" if contiguous else "gather"
     return (kind, phys, size, tuple((d, n, s) for d, n, s in real), bcast, zero)
+
+
+def _plan_nested(numel: int, order, offset: int):
+    """Read the view as a slice of the flat buffer reshaped to one dim per stride, when its strides
+    nest: sorted from the largest, each divides the one before and its run fits inside it.
+
+    `order` is the view's non-unit, non-broadcast dims as (dim, size, stride), largest stride first.
+    The reshaped buffer has dims (numel // s1, s1 // s2, ..., s_k); element (i1, ..., ik) of the
+    view is at (i1, ..., ik, 0) past the offset's own coordinates, so the view is one slice there
+    when those coordinates do not carry. The plan holds no offset: any offset that passes the same
+    check reads through it, and one that does not gets another plan."""
+    strides = [s for _, _, s in order]
+    for (_, n, s), prev in zip(order[1:], strides):
+        if prev % s or n * s > prev:
+            return None
+    rows = numel // strides[0]
+    bshape = (rows,) + tuple(a // b for a, b in zip(strides, strides[1:])) + (strides[-1],)
+    starts = _unravel(offset, bshape, strides + [1])
+    if offset >= rows * strides[0] or any(st + n > b for st, (_, n, _), b in zip(starts, order, bshape)):
+        return None
+    return (bshape, tuple((d, n) for d, n, _ in order))
+
+
+def _nested_starts(bshape, offset):
+    strides = contiguous_strides(bshape)
+    return [(offset // s) % n for n, s in zip(bshape, strides)]
+
+
+def _nested_flat(value, bshape):
+    flat = value.reshape(-1)
+    used = math.prod(bshape)
+    if used != flat.shape[0]:
+        flat = lax.slice(flat, [0], [used])
+    return flat.reshape(bshape)
 
 
 def _finish(x, plan_size: Shape, real_dims: list[int], bcast: tuple[int, ...]):
@@ -153,6 +194,18 @@ def read(value, plan: tuple, offset):
         if dims_in_phys_order != view_order:
             x = jnp.transpose(x, [dims_in_phys_order.index(d) for d in view_order])
         return _finish(x, size, view_order, bcast)
+    if kind == "strided":
+        bshape, dims = mapping
+        b = _nested_flat(value, bshape)
+        sizes = [n for _, n in dims] + [1]
+        x = lax.slice(b, [0] * len(bshape), sizes) if zero else lax.dynamic_slice(
+            b, _nested_starts(bshape, offset), sizes)
+        x = x.reshape(sizes[:-1])
+        in_order = [d for d, _ in dims]
+        view_order = sorted(in_order)
+        if in_order != view_order:
+            x = jnp.transpose(x, [in_order.index(d) for d in view_order])
+        return _finish(x, size, view_order, bcast)
     flat = value.reshape(-1)
     real = mapping
     numel = math.prod(n for _, n, _ in real)
@@ -199,6 +252,20 @@ def write(value, plan: tuple, offset, new):
             shape[j] = n
             index.append(ix.reshape(shape))
         return value.at[tuple(index)].set(x)
+    if kind == "strided":
+        bshape, dims = mapping
+        in_order = [d for d, _ in dims]
+        view_order = sorted(in_order)
+        x = new.reshape([size[d] for d in view_order])
+        if in_order != view_order:
+            x = jnp.transpose(x, [view_order.index(d) for d in in_order])
+        x = x.reshape([n for _, n in dims] + [1])
+        starts = [0] * len(bshape) if zero else _nested_starts(bshape, offset)
+        b = lax.dynamic_update_slice(_nested_flat(value, bshape), x, starts).reshape(-1)
+        flat = value.reshape(-1)
+        if b.shape[0] != flat.shape[0]:
+            b = lax.concatenate([b, lax.slice(flat, [b.shape[0]], [flat.shape[0]])], 0)
+        return b.reshape(phys)
     flat = value.reshape(-1)
     real = mapping
     x = new.reshape([n for _, n, _ in real]) if real else new.reshape(())

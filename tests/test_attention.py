@@ -4,6 +4,7 @@ layout."""
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -107,6 +108,29 @@ def test_sdpa_double_backward(mode):
         gq, = torch.autograd.grad(o.pow(2).sum(), q, create_graph=True)
         gq.pow(2).sum().backward()
         return [gq.detach(), q.grad, k.grad, v.grad]
+
+    want = run("cpu", False)
+    with deferfuse.mode(mode):
+        got = [t.cpu() for t in run("tpu", True)]
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("shared", ["qqq", "qqv"])
+def test_sdpa_double_backward_with_one_tensor_in_several_arguments(mode, shared):
+    """Self-attention written as sdpa(q, q, q) under create_graph=True: the gradient was the
+    whole one per argument slot, so q's came out three times too large."""
+    def run(d, fused):
+        torch.manual_seed(0)
+        q, v = (torch.randn(1, 2, 4, 8, dtype=torch.float64).to(d).requires_grad_() for _ in range(2))
+        v = q if shared == "qqq" else v
+        if fused:
+            o = F.scaled_dot_product_attention(q, q, v)
+        else:
+            o = ((q @ q.transpose(-1, -2)) / math.sqrt(8)).softmax(-1) @ v
+        gq, = torch.autograd.grad(o.pow(2).sum(), q, create_graph=True)
+        gq.pow(2).sum().backward()
+        return [gq.detach(), q.grad]
 
     want = run("cpu", False)
     with deferfuse.mode(mode):

@@ -75,6 +75,20 @@ def test_double_backward_matches_cpu():
     check_all_modes(fn)
 
 
+def test_double_backward_with_one_tensor_in_two_arguments():
+    """F.linear(x, x) under create_graph=True: each argument slot gets its own gradient, which
+    autograd sums into x; the whole gradient was returned for both, doubling it."""
+    torch.manual_seed(0)
+    x0 = torch.randn(3, 3, dtype=torch.float64)
+
+    def fn(dev):
+        x = x0.detach().to(dev).requires_grad_()
+        gx, = torch.autograd.grad(F.linear(x, x).pow(2).sum(), x, create_graph=True)
+        return [gx] + list(torch.autograd.grad(gx.pow(2).sum(), x))
+
+    check_all_modes(fn)
+
+
 def test_unclaimed_calls_behave_as_before():
     """Integer tensors, a broadcast bias and bad shapes go to PyTorch's own expansion."""
     torch.manual_seed(0)

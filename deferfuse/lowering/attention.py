@@ -21,6 +21,7 @@ import torch
 
 from ..dtypes import compute_dtype
 from ..tensor import TpuTensor
+from .linear import distinct
 from .registry import bound, lowering
 
 _lib = torch.library.Library("deferfuse", "DEF")
@@ -92,6 +93,7 @@ class _Attention(torch.autograd.Function):
         q, k, v, mask = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: PyTorch's expansion, differentiable again
             need = ctx.needs_input_grad[:3]
+            q, k, v = distinct(q, k, v)
             inputs = [t for t, n in zip((q, k, v), need) if n]
             causal, scale, gqa = ctx.args
             out = _composite.decompose(q, k, v, mask, 0.0, causal, scale=scale, enable_gqa=gqa)

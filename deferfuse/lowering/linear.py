@@ -93,7 +93,16 @@ class _Linear(torch.autograd.Function):
         return gx if need[0] else None, gw if need[1] else None, gb if need[2] else None
 
 
+def distinct(*ts):
+    """A fresh alias per argument, so that `autograd.grad` gives each argument slot its own
+    gradient when one tensor fills several (`F.linear(x, x)`, self-attention's `sdpa(q, q, q)`):
+    asked for the same tensor twice it returns the whole gradient twice, and autograd would then
+    sum both into that tensor. The aliases stay in the graph, so the gradients stay differentiable."""
+    return tuple(None if t is None else t.view_as(t) for t in ts)
+
+
 def _differentiable_backward(grad, x, w, b, need):
+    x, w, b = distinct(x, w, b)
     inputs = [t for t, n in zip((x, w, b), need) if n]
     out = _composite.decompose(x, w, b)
     grads = iter(torch.autograd.grad(out, inputs, grad, create_graph=True, allow_unused=True))

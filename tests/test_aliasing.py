@@ -346,3 +346,36 @@ def test_index_ops_given_a_float_index_raise_cpus_error_at_the_call(case):
     """They failed at the flush as FlushError (index_select, index_add), with another message
     (gather), or ran (embedding_bag with float offsets)."""
     check_raises_like_cpu(_FLOAT_INDEX_CALLS[case], "defer_and_fuse")
+
+
+_STRIDED_WRITES = {
+    # a diagonal of a batch of matrices: strides that do not nest, but never meet
+    "batched diagonal fill_": lambda x: x.view(2, 3, 3).diagonal(dim1=1, dim2=2).fill_(7.0),
+    "as_strided add_": lambda x: x.as_strided((3, 2), (5, 3), 1).add_(1.0),
+    # what torch.func.jacrev's basis builder does under vmap
+    "vmap new_zeros diagonal fill_": lambda x: x.copy_(torch.func.vmap(
+        lambda v: (lambda z: (z.diagonal().fill_(1.0), z)[1])(v.new_zeros(3, 3)))(x.view(2, 9)).reshape(-1)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_STRIDED_WRITES))
+def test_writes_through_views_whose_elements_never_meet(case):
+    """The overlap check took strides that do not nest for overlapping, so these raised."""
+    def run(d):
+        x = torch.arange(18.0).to(d)
+        _STRIDED_WRITES[case](x)
+        return x
+
+    check_all_modes(run)
+
+
+def test_vmap_of_jacrev_matches_cpu():
+    x0 = torch.randn(4, 3)
+    check_all_modes(lambda d: torch.func.vmap(torch.func.jacrev(torch.sin))(x0.to(d)))
+
+
+def test_a_write_through_elements_that_meet_still_raises():
+    x = torch.zeros(6).to("tpu")
+    with pytest.raises(RuntimeError, match="single memory location"):
+        x.as_strided((2, 3), (2, 1)).add_(1.0)  # element (0, 2) is element (1, 0)
+    torch.testing.assert_close(x.cpu(), torch.zeros(6))

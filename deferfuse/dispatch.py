@@ -524,11 +524,11 @@ def _functional_variant(func):
                 func._overloadname == "default" and "default" in overloads else None
             if cand is not None and not cand._schema.is_mutable and \
                     [(a.name, str(a.type)) for a in cand._schema.arguments] == want:
-                return ("inplace", cand, _defaults_to_fill(schema, cand._schema), writes)
+                return ("inplace", cand, _defaults_to_fill(schema, cand._schema), writes, _is_foreach_inplace(func))
             for ov in overloads:
                 c = getattr(base, ov)
                 if not c._schema.is_mutable and [(a.name, str(a.type)) for a in c._schema.arguments] == want:
-                    return ("inplace", c, _defaults_to_fill(schema, c._schema), writes)
+                    return ("inplace", c, _defaults_to_fill(schema, c._schema), writes, _is_foreach_inplace(func))
         return None
     outs = [a for a in mutable if a.kwarg_only]
     if len(outs) != len(mutable):
@@ -577,6 +577,8 @@ def route_mutating(func, args, kwargs):
         target = _written(func, writes, args, kwargs) if several else args[0]
         if not several and type(target) is TpuTensor:
             special.check_no_partial_overlap(target, tensors)
+        if kind[4]:
+            _bump_versions(target)
         r = _INPLACE.get(key)
         if r is not None and _replaceable(r, target):
             _emit_into(r, tensors, scalars, target)
@@ -625,6 +627,18 @@ def route_mutating(func, args, kwargs):
     if not func._schema.returns:
         return None
     return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+# In-place foreach ops (an optimizer's default step): CPU's kernels mark each tensor of the list
+# modified, as a single tensor's in-place op is marked above the backend, so that backward
+# through a graph that saved a parameter the step has since changed raises instead of silently
+# using the new value. (CPU's fused optimizer kernels and AMP's unscale do not.)
+def _is_foreach_inplace(func) -> bool:
+    name = func.__name__.split(".")[0]
+    return name.startswith("_foreach_") and name.endswith("_")
+
+
+_bump_versions = torch.autograd.graph.increment_version
 
 
 def _flat(values) -> list:

@@ -56,3 +56,39 @@ def test_grad_on_tpu_and_backward_in_every_mode():
             (w * w).sum().backward()
             assert w.grad.device.type == "tpu"
             assert w.grad.cpu().tolist() == [2.0, 4.0, 6.0]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_backward_through_parameters_a_foreach_step_changed_raises_like_cpu(mode):
+    """The default (foreach) step changes every parameter in place; CPU's foreach kernels mark
+    them modified, so backward through a graph that saved one raises instead of silently using
+    the new weights (a GAN or retain_graph step in the wrong order)."""
+    def run(d):
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(4, 4).to(d)
+        opt = torch.optim.SGD(lin.parameters(), lr=0.1, momentum=0.9)
+        out = lin(lin(torch.randn(2, 4).to(d))).sum()
+        out.backward(retain_graph=True)
+        opt.step()
+        out.backward()
+
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        run("cpu")
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):  # the same message, but
+        with deferfuse.mode(mode):  # the tensor's type name and version numbers (.to() starts at 0)
+            run("tpu")
+
+
+def test_foreach_ops_mark_each_tensor_modified_like_cpu():
+    def versions(d):
+        a, b = torch.ones(3).to(d), torch.ones(3).to(d)
+        start = (a._version, b._version)
+        torch._foreach_add_([a, b], 1.0)
+        torch._foreach_mul_([a, a], [b, b])  # a twice: marked twice, as on CPU
+        torch._foreach_lerp_([b], [a], 0.5)
+        return [a._version - start[0], b._version - start[1]]
+
+    want = versions("cpu")
+    for mode in MODES:
+        with deferfuse.mode(mode):
+            assert versions("tpu") == want

@@ -116,3 +116,21 @@ def test_embedding_bag_training_step_records_without_fallback_or_flush():
 def test_embedding_bag_debug_raises_cpus_error_for_bad_indices_or_offsets(idx, offsets):
     w, idx, offsets = torch.randn(5, 2), torch.tensor(idx), torch.tensor(offsets)
     check_raises_like_cpu(lambda d: F.embedding_bag(idx.to(d), w.to(d), offsets.to(d)), "debug")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("make", [lambda: torch.nn.Embedding(5, 3, sparse=True),
+                                  lambda: torch.nn.EmbeddingBag(5, 3, sparse=True)], ids=["Embedding", "EmbeddingBag"])
+def test_sparse_gradients_raise_from_backward(make, mode):
+    """sparse=True builds a sparse gradient, which tpu cannot hold: a clear error from
+    backward(). Raised inside PyTorch's backward it aborted the process (Strict, Debug) or
+    failed at the next flush (DeferAndFuse)."""
+    torch.manual_seed(0)
+    e = make().to("tpu")
+    idx = torch.tensor([[1, 2]]).to("tpu")
+    with deferfuse.mode(mode):
+        out = e(idx).sum()
+        with pytest.raises(NotImplementedError, match="sparse=False"):
+            out.backward()
+        # the forward of a sparse=True module is dense, and runs
+        torch.testing.assert_close(e(idx).cpu(), e.cpu()(idx.cpu()))

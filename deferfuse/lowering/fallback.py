@@ -56,6 +56,21 @@ def run(func, args, kwargs, reason: str = "no lowering", record: bool = True):
     return run_now(func, args, kwargs)
 
 
+def _sparse(func, x: torch.Tensor):
+    """tpu tensors are strided only. The common way in is nn.Embedding / nn.EmbeddingBag with
+    sparse=True, whose backward builds a sparse gradient: an error raised inside backward would
+    abort the process (see backward.py), so there it waits for backward() to return, and the
+    gradient meanwhile is dense zeros."""
+    from ..backward import raise_or_defer
+    from ..tensor import from_concrete
+
+    raise_or_defer(NotImplementedError(
+        f"deferfuse: tpu tensors cannot have a sparse layout ('{func}' made a {x.layout} tensor). nn.Embedding "
+        "and nn.EmbeddingBag with sparse=True make sparse gradients: use sparse=False on tpu (dense gradients, "
+        "the same values)."))
+    return from_concrete(jax.numpy.zeros(tuple(x.shape), to_jax_dtype(x.dtype)), x.dtype)
+
+
 def _try_record(func, args, kwargs):
     from ..dispatch import _RECIPES, _make_recipe, emit, spec_of
     from ..meta import signature
@@ -122,6 +137,8 @@ def run_now(func, args, kwargs):
 
     def back(x):
         if isinstance(x, torch.Tensor):
+            if x.layout != torch.strided:
+                return _sparse(func, x)
             if id(x) in written:
                 return written[id(x)]
             return from_concrete(host_to_jax(x), x.dtype)

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import deferfuse
-from conftest import check_all_modes
+from conftest import MODES, check_all_modes
 
 
 @pytest.mark.parametrize("shape", [(4,), (5, 4), (2, 3, 4)])
@@ -143,3 +143,30 @@ def test_claimed_ops_under_functorch_grad_match_cpu():
     expected = torch.func.grad(loss, argnums=(0, 1))(q0, w0)
     got = torch.func.grad(loss, argnums=(0, 1))(q0.to("tpu"), w0.to("tpu"))
     torch.testing.assert_close([g.cpu() for g in got], list(expected), atol=1e-4, rtol=1e-4)
+
+
+def _update_between_forward_and_backward(d, input_grad):
+    torch.manual_seed(0)
+    m = torch.nn.Linear(3, 2).to(d)
+    x = torch.randn(4, 3).to(d).requires_grad_(input_grad)
+    y = m(x).sum()
+    with torch.no_grad():
+        m.weight.add_(1.0)  # clipping or an average between forward and backward
+        m.bias.mul_(2.0)
+    y.backward()
+    return [m.weight.grad, m.bias.grad]
+
+
+def test_an_in_place_change_backward_does_not_need_is_allowed_like_cpu():
+    """With no gradient wanted for the input, CPU saves neither the weight nor the bias; the
+    claimed layer saved both and raised 'modified by an inplace operation'."""
+    check_all_modes(lambda d: _update_between_forward_and_backward(d, False))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_in_place_change_backward_needs_still_raises(mode):
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        _update_between_forward_and_backward("cpu", True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        with deferfuse.mode(mode):
+            _update_between_forward_and_backward("tpu", True)

@@ -78,14 +78,24 @@ class _Linear(torch.autograd.Function):
     # The old-style signature (forward takes ctx): with a separate setup_context, Function.apply
     # binds the arguments through inspect.signature on every call, about 70 µs here. functorch
     # transforms need the new style, so `_claimable` leaves calls under them to PyTorch.
+    #
+    # Saved, as CPU's addmm saves them: the input only for the weight's gradient, the weight
+    # only for the input's, never the bias. The rest is kept unchecked for shapes alone, so an
+    # in-place change between forward and backward (a weight clipped or averaged under no_grad
+    # when the input needs no gradient) is not taken for an error CPU does not raise.
     @staticmethod
     def forward(ctx, x, w, b):
-        ctx.save_for_backward(x, w, b)
+        need = ctx.needs_input_grad
+        ctx.save_for_backward(x if need[1] else None, w if need[0] else None)
+        ctx.rest = (None if need[1] else x, None if need[0] else w, b)
         return LINEAR(x, w, b)
 
     @staticmethod
     def backward(ctx, grad):
-        x, w, b = ctx.saved_tensors
+        x, w = ctx.saved_tensors
+        rx, rw, b = ctx.rest
+        x = rx if x is None else x
+        w = rw if w is None else w
         need = ctx.needs_input_grad
         if torch.is_grad_enabled():  # create_graph=True: PyTorch's expansion, differentiable again
             return _differentiable_backward(grad, x, w, b, need)

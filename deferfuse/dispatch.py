@@ -28,7 +28,8 @@ from .config import CONFIG
 from .events import METRICS
 from .graph import Op
 from .lowering import LOWERINGS, fallback, make_lowered_op
-from .meta import ArgSpec, flatten_outputs, run_cpu_probe, run_meta, signature, template, unflatten_outputs
+from .meta import (ArgSpec, cpu_error_instead, flatten_outputs, run_cpu_probe, run_meta, signature, template,
+                   unflatten_outputs)
 from .tensor import LAYOUTS, Storage, TpuTensor, layout_id, new_tensor, offset_of, phys_layout
 from . import views
 
@@ -205,10 +206,15 @@ def _make_recipe(func, spec, key, args, kwargs, low=None, host=False) -> Recipe:
     low = low if low is not None else LOWERINGS.get(func)
     if _needs_cpu_probe(func, low, args, kwargs):
         run_cpu_probe(func, args, kwargs)
-    if low is not None and low.meta is not None:
-        meta_out = low.meta(*_meta_args(args, kwargs))
-    else:
-        meta_out = run_meta(func, args, kwargs)
+    try:
+        if low is not None and low.meta is not None:
+            meta_out = low.meta(*_meta_args(args, kwargs))
+        else:
+            meta_out = run_meta(func, args, kwargs)
+    except Exception as err:  # noqa: BLE001 - CPU's error for the call, if it has one
+        if host or isinstance(err, NotImplementedError):
+            raise
+        cpu_error_instead(func, args, kwargs, err)
     leaves, spec_out = flatten_outputs(meta_out)
     if low is not None and low.meta_fix is not None:
         leaves = low.meta_fix(args, kwargs, leaves)

@@ -270,7 +270,7 @@ def run_meta(func, args: tuple, kwargs: dict):
         return func(*margs, **mkwargs)
 
 
-def run_cpu_probe(func, args: tuple, kwargs: dict) -> None:
+def run_cpu_probe(func, args: tuple, kwargs: dict, real_only: bool = False) -> None:
     """Run an op on CPU over stand-ins with the same dtypes and the call's Python scalars: its
     dtype and scalar checks raise CPU's own errors at the user's line. Meta kernels skip them
     (bool subtraction, an integer to a negative power, integer division by zero, a float result
@@ -279,7 +279,8 @@ def run_cpu_probe(func, args: tuple, kwargs: dict) -> None:
     The stand-ins are ones with one element and the same rank, which broadcast and reduce over
     the same dims. An op with a shape requirement of its own (linalg.cross wants length 3) can
     refuse them: the error is believed only if stand-ins of the real shapes (expanded from one
-    element, so they cost no memory; a written argument is allocated) fail too."""
+    element, so they cost no memory; a written argument is allocated) fail too. `real_only` goes
+    straight to those (see `cpu_error_instead`)."""
     def stand_in(x, real: bool, written: bool = False):
         if isinstance(x, TpuTensor):
             if not real:
@@ -302,10 +303,26 @@ def run_cpu_probe(func, args: tuple, kwargs: dict) -> None:
 
     with torch.no_grad(), torch.utils._python_dispatch._disable_current_modes(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        if real_only:
+            call(real=True)
+            return
         try:
             call(real=False)
         except Exception:  # noqa: BLE001
             call(real=True)
+
+
+def cpu_error_instead(func, args: tuple, kwargs: dict, err: BaseException) -> None:
+    """A meta kernel refused the call: raise CPU's error for it where CPU raises one. Meta
+    kernels and decompositions word their checks their own way ("Invalid channel dimensions"
+    for a conv given the wrong channels) or use `assert` (an AssertionError where CPU raises
+    RuntimeError), and a user's `except RuntimeError` and error message should not depend on
+    the device. Only failing calls pay for this, once per new signature."""
+    try:
+        run_cpu_probe(func, args, kwargs, real_only=True)
+    except Exception as cpu:  # noqa: BLE001
+        raise cpu.with_traceback(None) from None
+    raise err
 
 
 def flatten_outputs(out) -> tuple[list, Any]:

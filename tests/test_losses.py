@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 import deferfuse
 from deferfuse.config import CONFIG
-from conftest import MODES, check_all_modes
+from conftest import MODES, check_all_modes, check_raises_like_cpu
 
 
 @pytest.mark.parametrize("targets", [[-100, -100], [1, -100], [0, 2]])
@@ -65,3 +65,19 @@ def test_multilabel_margin_loss_stops_at_the_first_minus_one():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the backward's CPU fallback warns
         check_all_modes(run)
+
+
+_REFUSED_BY_META = {
+    # the meta kernels' own wording ("Invalid channel dimensions") and a decomposition's `assert`
+    # (an AssertionError) where CPU raises a RuntimeError saying what it expected
+    "conv2d wrong channels": lambda d: torch.nn.functional.conv2d(torch.zeros(1, 2, 5, 5, device=d),
+                                                                  torch.zeros(4, 3, 3, 3, device=d)),
+    "cross_entropy 2-D target of another width": lambda d: torch.nn.functional.cross_entropy(
+        torch.zeros(3, 5, device=d), torch.rand(3, 4).to(d)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_REFUSED_BY_META))
+@pytest.mark.parametrize("mode", MODES)
+def test_calls_the_meta_kernel_refuses_raise_cpus_error(case, mode):
+    check_raises_like_cpu(_REFUSED_BY_META[case], mode)

@@ -73,6 +73,15 @@ def test_debug_out_of_range_index_raises_like_cpu(call):
     assert str(err.value) == str(cpu_err.value)
 
 
+@pytest.mark.parametrize("bad", [1.5, -0.1])
+def test_debug_binary_cross_entropy_of_a_non_probability_raises_like_cpu(bad):
+    """A logit passed to F.binary_cross_entropy: CPU refuses it; Debug flagged the NaN instead."""
+    from conftest import check_raises_like_cpu
+
+    inp, tgt = torch.tensor([0.5, bad]), torch.tensor([1.0, 0.0])
+    check_raises_like_cpu(lambda d: F.binary_cross_entropy(inp.to(d), tgt.to(d)), "debug")
+
+
 def test_strict_and_deferred_pay_for_no_checks(monkeypatch):
     from deferfuse.executors import debug as dbg
 

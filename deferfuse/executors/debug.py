@@ -77,6 +77,8 @@ class DebugExecutor(Executor):
             _check_weights(func, args, kwargs)
         elif func in _CLASS_TARGETS:
             _check_targets(func, args, kwargs)
+        elif func is aten.binary_cross_entropy.default:
+            _check_probabilities(func, args, kwargs)
         if CONFIG.debug_nan_check:
             self._inputs_finite = _all_finite(args, kwargs) and not _divides_by_a_zero_scalar(func, args)
 
@@ -167,6 +169,17 @@ def _check_targets(func, args, kwargs) -> None:
     counted = v != ignore
     if bool(((v < 0) & counted).any()) or bool(((v >= n_classes) & counted).any()):
         _raise_like_cpu(func, args, kwargs, "target out of bounds")
+
+
+def _check_probabilities(func, args, kwargs) -> None:
+    """binary_cross_entropy's input: probabilities, which CPU checks (a logit passed by mistake
+    gives NaN or a clamped loss elsewhere)."""
+    x = args[0]
+    if not isinstance(x, TpuTensor) or x.numel() == 0:
+        return
+    v = engine.concrete(x, "debug_op", None)
+    if bool(((v < 0) | (v > 1)).any()):
+        _raise_like_cpu(func, args, kwargs, "all elements of input should be between 0 and 1", RuntimeError)
 
 
 def _check_weights(func, args, kwargs) -> None:

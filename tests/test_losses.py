@@ -81,3 +81,26 @@ _REFUSED_BY_META = {
 @pytest.mark.parametrize("mode", MODES)
 def test_calls_the_meta_kernel_refuses_raise_cpus_error(case, mode):
     check_raises_like_cpu(_REFUSED_BY_META[case], mode)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("lengths", ["cpu tensors", "tpu tensors", "tuples"])
+def test_ctc_loss_takes_its_lengths_as_cuda_code_passes_them(lengths, reduction):
+    """CPU tensors for the lengths (as cuDNN wants them) raised a device mismatch: PyTorch's
+    composite divides the loss by them."""
+    torch.manual_seed(0)
+    logits = torch.randn(6, 2, 5)
+    targets = torch.tensor([[1, 2, 3], [2, 4, 4]])
+
+    def run(d):
+        x = logits.detach().to(d).requires_grad_()
+        il, tl = torch.tensor([6, 5]), torch.tensor([3, 2])
+        if lengths == "tpu tensors":
+            il, tl = il.to(d), tl.to(d)
+        elif lengths == "tuples":
+            il, tl = tuple(il.tolist()), tuple(tl.tolist())
+        loss = F.ctc_loss(x.log_softmax(2), targets.to(d), il, tl, reduction=reduction)
+        loss.backward()
+        return [loss, x.grad]
+
+    check_all_modes(run)

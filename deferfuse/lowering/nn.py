@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import torch
 from jax import lax
 
 from ..dtypes import up_half as _up
@@ -301,3 +302,23 @@ def multilabel_margin_loss_forward(x, target, reduction):
         return loss.reshape(x.shape[:-1]) if x.ndim > 1 else loss.reshape(()), is_target
     total = jnp.sum(loss)
     return (total / loss.shape[0] if reduction == 1 else total).astype(x.dtype), is_target
+
+
+# F.ctc_loss with the lengths as CPU tensors, as CUDA code passes them (cuDNN wants them there):
+# PyTorch's composite divides the tpu loss by the CPU target lengths for reduction="mean", which
+# no device allows. CPU lengths are host data already, so they go to the int-list overload.
+_ctc_composite = aten.ctc_loss.Tensor
+
+
+def _ctc_loss_tensor_lengths(log_probs, targets, input_lengths, target_lengths, blank=0, reduction=1,
+                             zero_infinity=False):
+    lengths = (input_lengths, target_lengths)
+    if all(t.device.type == "cpu" and not t.is_floating_point() and not t.is_complex() for t in lengths):
+        return aten.ctc_loss.IntList(log_probs, targets, input_lengths.tolist(), target_lengths.tolist(), blank,
+                                     reduction, zero_infinity)
+    return _ctc_composite.decompose(log_probs, targets, input_lengths, target_lengths, blank, reduction,
+                                    zero_infinity)
+
+
+_impl = torch.library.Library("aten", "IMPL")
+_impl.impl("ctc_loss.Tensor", _ctc_loss_tensor_lengths, "AutogradPrivateUse1")

@@ -157,8 +157,41 @@ def register() -> None:
     from . import backward
 
     backward.install()
+    _refuse_fx_tracing()
     torch.serialization.register_package(5, lambda obj: None, _load_onto_tpu)
     _registered = True
+
+
+def _refuse_fx_tracing() -> None:
+    """make_fx over tpu tensors cannot trace them: a tpu op runs below the tracer, so its result
+    enters the graph as a constant. `torch.func.linearize` then returned the tangent of the trace
+    inputs for every call (zeros, for the zeros it traces with); an error says so instead."""
+    import functools
+
+    from torch._functorch import eager_transforms
+    from torch.fx.experimental import proxy_tensor
+    from torch.utils._pytree import tree_leaves
+
+    from .tensor import TpuTensor
+
+    trace = proxy_tensor.make_fx
+
+    @functools.wraps(trace)
+    def make_fx(f, *args, **kwargs):
+        traced = trace(f, *args, **kwargs)
+
+        @functools.wraps(traced)
+        def run(*inputs):
+            if any(isinstance(x, TpuTensor) for x in tree_leaves(inputs)):
+                raise NotImplementedError(
+                    "deferfuse: make_fx cannot trace tpu tensors (torch.func.linearize, torch.export and "
+                    "torch.compile trace with it); run the function itself, or trace it on CPU")
+            return traced(*inputs)
+
+        return run
+
+    proxy_tensor.make_fx = make_fx
+    eager_transforms.make_fx = make_fx  # linearize's own reference
 
 
 def _load_onto_tpu(storage, location: str):

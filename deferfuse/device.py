@@ -153,6 +153,7 @@ def register() -> None:
 
     autocast.register()
     _keep_shared_parameters_shared()
+    _lazy_modules()
     _skip_pinning()
     from . import backward
 
@@ -255,11 +256,13 @@ def _keep_shared_parameters_shared() -> None:
             for key, p in mod._parameters.items():
                 if p is not None:
                     owners.setdefault(id(p), []).append((mod, key))
+        lazy = _set_aside_uninitialized(self, fn)
         _APPLYING[0] = True
         try:
             out = apply(self, fn, recurse)
         finally:
             _APPLYING[0] = False
+            _put_back(lazy)
         for group in owners.values():
             first = group[0][0]._parameters[group[0][1]]
             for mod, key in group[1:]:
@@ -267,6 +270,72 @@ def _keep_shared_parameters_shared() -> None:
         return out
 
     torch.nn.Module._apply = _apply
+
+
+# --- lazy modules --------------------------------------------------------------------------------
+# An uninitialized parameter is a tensor subclass of its own, which a tpu tensor (another one)
+# cannot become: `.to("tpu")` failed on it, and so did LazyLinear(..., device="tpu"). Instead
+# it stays a 0-element CPU placeholder marked with the device it should live on, and the lazy
+# module moves itself there once its first forward has shaped and initialised it.
+_LAZY_DEVICE = "_deferfuse_device"
+
+
+def _set_aside_uninitialized(root, fn) -> list:
+    """Take the uninitialized parameters and buffers out of `root`'s modules for a conversion
+    to tpu, marking them; returns what `_put_back` needs."""
+    from torch.nn.parameter import UninitializedTensorMixin
+
+    found = [(d, key) for mod in root.modules() for d in (mod._parameters, mod._buffers)
+             for key, t in d.items() if isinstance(t, UninitializedTensorMixin)]
+    if not found:
+        return []
+    device = fn(torch.empty(0)).device  # where this conversion sends tensors
+    if device.type != NAME:
+        return []
+    tables = {id(d): (d, list(d)) for d, _ in found}  # each table's order: state_dict keeps it
+    held = {(id(d), key): d.pop(key) for d, key in found}
+    for t in held.values():
+        t.__dict__[_LAZY_DEVICE] = device
+    return [(d, order, held) for d, order in tables.values()]
+
+
+def _put_back(set_aside: list) -> None:
+    for d, order, held in set_aside:
+        rest = dict(d)
+        d.clear()
+        for key in order:
+            d[key] = held[(id(d), key)] if (id(d), key) in held else rest.pop(key)
+        d.update(rest)
+
+
+def _lazy_modules() -> None:
+    from torch.nn.modules.lazy import LazyModuleMixin
+    from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
+
+    for cls in (UninitializedParameter, UninitializedBuffer):
+        new = cls.__new__
+
+        def __new__(cls, *args, _new=new, **kwargs):
+            device = kwargs.get("device")
+            if device is None or torch.device(device).type != NAME:
+                return _new(cls, *args, **kwargs)
+            t = _new(cls, *args, **{**kwargs, "device": "cpu"})
+            t.__dict__[_LAZY_DEVICE] = torch.device(device)
+            return t
+
+        cls.__new__ = __new__
+
+    infer = LazyModuleMixin._infer_parameters
+
+    def _infer_parameters(self, module, args, kwargs=None):
+        targets = {t.__dict__.get(_LAZY_DEVICE) for d in (module._parameters, module._buffers) for t in d.values()
+                   if t is not None} - {None}
+        out = infer(self, module, args, kwargs)
+        for device in targets:
+            module.to(device)
+        return out
+
+    LazyModuleMixin._infer_parameters = _infer_parameters
 
 
 def _lowered_factories() -> list:

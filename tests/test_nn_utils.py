@@ -30,3 +30,29 @@ def test_weight_norm_values_and_gradients(layer, dim):
     make = (lambda: torch.nn.Linear(6, 4)) if layer == "linear" else (lambda: torch.nn.Conv2d(3, 5, 3))
     check_all_modes(lambda d: _weight_norm_step(d, make, dim), rtol=1e-4, atol=1e-4)
     assert not deferfuse.metrics()["cpu_fallbacks"]  # _weight_norm_interface_backward is lowered
+
+
+@pytest.mark.parametrize("how", ["to", "device="])
+def test_lazy_modules_initialise_and_train_like_cpu(how):
+    """A lazy module's uninitialized parameters could not become tpu tensors: `.to("tpu")` and
+    LazyLinear(..., device="tpu") failed. They now stay CPU placeholders until the first forward
+    shapes and initialises them, and the module then moves itself."""
+    def run(d):
+        torch.manual_seed(0)
+        kw = {"device": d} if how == "device=" else {}
+        model = torch.nn.Sequential(torch.nn.LazyConv2d(4, 3, **kw), torch.nn.LazyBatchNorm2d(**kw), torch.nn.ReLU(),
+                                    torch.nn.Flatten(), torch.nn.LazyLinear(2, **kw))
+        if how == "to":
+            model = model.to(d)
+        x = torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(1)).to(d)
+        model(x)  # the dry run that shapes the parameters, before the optimizer sees them
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            loss = model(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        assert all(p.device.type == torch.device(d).type for p in model.parameters())
+        return [loss] + [p.detach() for p in model.parameters()] + [b for b in model.buffers()]
+
+    check_all_modes(run)

@@ -379,3 +379,27 @@ def test_a_write_through_elements_that_meet_still_raises():
     with pytest.raises(RuntimeError, match="single memory location"):
         x.as_strided((2, 3), (2, 1)).add_(1.0)  # element (0, 2) is element (1, 0)
     torch.testing.assert_close(x.cpu(), torch.zeros(6))
+
+
+@pytest.mark.parametrize("write", [lambda a: a.__setitem__(0, 5.0), lambda a: a[:2].zero_(),
+                                   lambda a: a.view(3)[1:].mul_(2)], ids=["setitem", "slice zero_", "view mul_"])
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_writing_through_a_view_of_an_inference_tensor_raises_like_cpu(write, mode):
+    """Views of an inference tensor are inference tensors too; made outside inference_mode they
+    passed for normal tensors, and the write went through."""
+    def run(d):
+        with torch.inference_mode():
+            a = torch.ones(3).to(d)
+        write(a)
+
+    check_raises_like_cpu(run, mode)
+
+
+def test_views_of_inference_tensors_read_and_write_inside_inference_mode():
+    def run(d):
+        with torch.inference_mode():
+            a = torch.arange(6.0).to(d)
+            a.view(2, 3)[:, 1].mul_(10)
+        return [a, a.view(3, 2).T, a[1:].sum()]  # reads outside are fine
+
+    check_all_modes(run)

@@ -348,8 +348,9 @@ class Compiled:
         self.donors = [(i, av, _ONLY_THE_LIST if expect is None else expect[i])
                        for i, av in enumerate(in_avals) if av in budget]
         self.nbytes = {i: _nbytes(*av) for i, av, _ in self.donors}
-        # donated positions -> (program, the order it takes them in, where each output lands)
-        self.variants: dict[tuple, tuple] = {(): (fn, (), back)}
+        # donated positions -> (program, the order it takes them in, the kept positions, where
+        # each output lands)
+        self.variants: dict[tuple, tuple] = {(): (fn, (), tuple(range(len(in_avals))), back)}
         self.compiled = 0  # programs this object ran first (each one an XLA compile)
 
     def __call__(self, inputs, scalars):
@@ -380,16 +381,14 @@ class Compiled:
                     variant = self.variants[mask] = self._variant(mask, pairs)
         if not mask:
             return self(inputs, scalars)
-        fn, give, back = variant
+        fn, give, kept, back = variant
         if fn not in _RAN:
             self._first(fn)
         m = METRICS
         m.buffers_donated += len(mask)
         nbytes = self.nbytes
         m.bytes_donated += sum([nbytes[i] for i in mask])
-        given = set(give)
-        keep = [a for i, a in enumerate(inputs) if i not in given]
-        outs = fn(keep, [inputs[i] for i in give], self._scalars(scalars))
+        outs = fn([inputs[i] for i in kept], [inputs[i] for i in give], self._scalars(scalars))
         return outs if back is None else [outs[k] for k in back]
 
     def _prefer(self, replaces: dict[int, int]) -> bool:
@@ -416,12 +415,15 @@ class Compiled:
                     paired.append(i)
                     outs.append(j)
                     taken.add(j)
-        give = tuple(paired) + tuple(i for i in mask if i not in set(paired))
+        first = set(paired)
+        give = tuple(paired) + tuple(i for i in mask if i not in first)
         order = tuple(outs) + tuple(j for j in range(len(self.out_avals)) if j not in taken)
         fn = _donating_variant(self.key, self.fn, give, order)
         where = {j: p for p, j in enumerate(order)}
         final = [where[raw(k)] for k in range(len(order))]
-        return fn, give, None if final == list(range(len(final))) else final
+        donated = set(give)
+        kept = tuple(i for i in range(len(self.in_avals)) if i not in donated)
+        return fn, give, kept, None if final == list(range(len(final))) else final
 
     def donatable(self, inputs) -> tuple:
         """Positions of inputs referenced only by the graph's input list, up to one per output

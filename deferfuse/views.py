@@ -10,9 +10,10 @@ A read or write is compiled from a static *plan* chosen once per layout: the com
 transposes that XLA fuses for free. A view whose strides nest but do not follow the physical dims
 (a head split of a fused qkv projection: `qkv.split(c, -1)[1].view(b, t, h, d).transpose(1, 2)`)
 reads the flat buffer reshaped so that each stride is a dim of its own, which is still a slice and
-a transpose; only exotic layouts (diagonal, overlapping as_strided) pay for a gather/scatter,
-which is slow on every backend and slowest on TPUs. The storage offset is a runtime input, so a view that moves through a buffer
-(a KV cache position, a loop over rows) reuses one compiled program.
+a transpose. Only exotic layouts (diagonal, overlapping as_strided) pay for a gather/scatter,
+which is slow on every backend and slowest on TPUs. The storage offset is a runtime input, so a
+view that moves through a buffer (a KV cache position, a loop over rows) reuses one compiled
+program.
 """
 from __future__ import annotations
 

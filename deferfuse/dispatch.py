@@ -377,14 +377,16 @@ def route_view(func, args, kwargs):
         base, made = _view_outputs(func, args, kwargs, vkey)
         if made is None:
             return _copying_view(func, args, kwargs)
-    st = base._st
     if base.is_inference() and not _inference_mode_on():
         # a view of an inference tensor is one too, as on CPU, so that writing through it
         # outside inference_mode raises; made outside the mode, it would pass for a normal tensor
         with torch.inference_mode():
-            res = [new_tensor(st, size, stride, dtype, lid, vlay) for size, stride, dtype, lid, vlay in made[0]]
-    else:
-        res = [new_tensor(st, size, stride, dtype, lid, vlay) for size, stride, dtype, lid, vlay in made[0]]
+            return _new_views(base._st, made)
+    return _new_views(base._st, made)
+
+
+def _new_views(st: Storage, made: tuple):
+    res = [new_tensor(st, size, stride, dtype, lid, vlay) for size, stride, dtype, lid, vlay in made[0]]
     return res[0] if made[1] == "t" else unflatten_outputs(res, made[1])
 
 

@@ -70,6 +70,7 @@ class Plan:
         self.key_hash = key_hash
         self.steps: list[Step] = []
         self.single: Compiled | None = None  # the program when the flush is one group over all inputs
+        self.has_host = False  # a step runs on the host (a CPU fallback)
         self.n_internal = 0
         self.bytes_internal = 0
         self.bytes_out = 0
@@ -97,7 +98,9 @@ class Plan:
                 return self.single(g.inputs, g.scalars)
             return self.single.run(g.inputs, g.scalars, lambda: _replaces(g, None))
         env: dict[int, Any] = {-(i + 1): a for i, a in enumerate(g.inputs)}
-        donate = g.sources is None
+        # a host step (a CPU fallback) can fail on its data; the graph's inputs must then still be
+        # there for engine._recover, so a plan with one donates nothing
+        donate = g.sources is None and not self.has_host
         for step in self.steps:
             grp = step.group
             dies = step.dies
@@ -249,6 +252,7 @@ def _build(g: Graph, out_refs: tuple, key: Key, block_ops: int | None = None) ->
     for grp in groups:
         if grp.host:
             plan.steps.append(Step(grp, None, None, [nodes[grp.nodes[0]].op.name]))
+            plan.has_host = True
             continue
         scalar_ids = []
         for i in grp.nodes:

@@ -263,15 +263,40 @@ def _recover(g: Graph, live: list, exc: Exception, cause: str, where) -> None:
         f"deferfuse: flush ({cause} at {sources.fmt(where)}) failed in {node.op.name} "
         f"recorded at {sources.fmt(node.where)}: {type(err).__name__}: {err}"
     )
-    error = FlushError(msg)
+    error = _flush_error_like(type(err))(msg)
     error.__cause__ = err
+    # Strict and Debug flush one op at a time: a tensor the failed op was writing keeps the value
+    # it had, as on CPU. In a longer DeferAndFuse graph that value is unknown (earlier writes may
+    # have succeeded), so the tensor carries the error instead.
+    one_op = cause in _ONE_OP_FLUSHES
     for s in live:
         v = values.get(s.ref)
+        if v is None and one_op and id(s) in g.prior:
+            v = g.inputs[g.prior[id(s)]]
         if v is not None:
             s.value = v
         else:
             s.error = error
     raise error
+
+
+_ONE_OP_FLUSHES = ("strict_op", "debug_op")
+_FLUSH_ERRORS: dict[type, type] = {}
+
+
+def _flush_error_like(kind: type) -> type:
+    """A FlushError that is also the failing op's own exception type, so that `except
+    IndexError` catches an out-of-range index a CPU fallback found, as it would on CPU."""
+    if issubclass(kind, FlushError) or not issubclass(kind, Exception) or issubclass(RuntimeError, kind):
+        return FlushError
+    t = _FLUSH_ERRORS.get(kind)
+    if t is None:
+        try:
+            t = type("FlushError", (FlushError, kind), {"__module__": __name__})
+        except TypeError:  # an exception type with a layout of its own
+            t = FlushError
+        _FLUSH_ERRORS[kind] = t
+    return t
 
 
 # Weak references to the outputs of programs dispatched since the last full sync. JAX runs

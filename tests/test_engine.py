@@ -228,3 +228,26 @@ def test_sync_waits_for_programs_already_dispatched():
     assert deferfuse.metrics()["pending_nodes"] == 0
     deferfuse.sync()
     assert y._st.value.is_ready()
+
+
+_FAILING_FALLBACKS = {
+    # CPU fallbacks whose kernel refuses the data, found only when they run
+    "put_ past the end": lambda x: x.put_(torch.tensor([10]).to(x.device), torch.tensor([1.0]).to(x.device)),
+    "masked_scatter_ short source": lambda x: x.masked_scatter_(torch.ones(3, dtype=torch.bool).to(x.device),
+                                                                 torch.tensor([1.0]).to(x.device)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_FAILING_FALLBACKS))
+@pytest.mark.parametrize("mode", ["strict", "debug"])
+def test_a_failing_in_place_fallback_leaves_its_target_as_it_was(case, mode):
+    """On CPU the op raises and the tensor is unchanged. On tpu a step before the host op had
+    donated the tensor's buffer, so the tensor was unusable afterwards ('Array has been
+    deleted'), and the error was a FlushError only, where CPU raises IndexError for put_."""
+    with pytest.raises(Exception) as cpu:
+        _FAILING_FALLBACKS[case](torch.arange(3.0))
+    x = torch.arange(3.0).to("tpu")
+    with deferfuse.mode(mode):
+        with pytest.raises(type(cpu.value)):
+            _FAILING_FALLBACKS[case](x)
+    torch.testing.assert_close(x.cpu(), torch.arange(3.0))

@@ -7,6 +7,7 @@ where one boxed fallback hands them to the same dispatcher.
 """
 from __future__ import annotations
 
+import functools
 import types
 import warnings
 
@@ -159,8 +160,33 @@ def register() -> None:
 
     backward.install()
     _refuse_fx_tracing()
+    _follow_default_dtype()
     torch.serialization.register_package(5, lambda obj: None, _load_onto_tpu)
     _registered = True
+
+
+def _follow_default_dtype() -> None:
+    """torch.set_default_dtype changes what `torch.ones(2, device="tpu")` or `arange(3) / 2`
+    makes, but not the call's signature, under which deferfuse caches what a call makes: the
+    caches that hold output dtypes are emptied when the default changes."""
+    from . import dispatch, expansion, special
+
+    def forget():
+        for cache in (dispatch._RECIPES, dispatch._INPLACE, expansion._KEPT, special._UNINIT):
+            cache.clear()
+
+    for name in ("set_default_dtype", "set_default_tensor_type"):
+        setter = getattr(torch, name)
+
+        @functools.wraps(setter)
+        def set_default(*args, _setter=setter, **kwargs):
+            before = torch.get_default_dtype()
+            out = _setter(*args, **kwargs)
+            if torch.get_default_dtype() != before:
+                forget()
+            return out
+
+        setattr(torch, name, set_default)
 
 
 def _refuse_fx_tracing() -> None:

@@ -222,7 +222,8 @@ def _make_recipe(func, spec, key, args, kwargs, low=None, host=False) -> Recipe:
     tmpl = template(spec, args, kwargs)
     n_scalars = sum(1 for _ in _iter_placeholders(tmpl, ("s", "c")))
     op = Op.intern(
-        ("host", key) if host else key,
+        # the default dtype decides the outputs of factories and int-to-float promotions
+        (("host", key) if host else key, torch.get_default_dtype()),
         lambda: make_lowered_op(func, key, low, tmpl, outs, n_scalars, spec, host=host),
     )
     return Recipe(op, [o[:6] for o in outs], spec_out, bool(low is not None and low.rng))

@@ -251,3 +251,25 @@ def test_a_failing_in_place_fallback_leaves_its_target_as_it_was(case, mode):
         with pytest.raises(type(cpu.value)):
             _FAILING_FALLBACKS[case](x)
     torch.testing.assert_close(x.cpu(), torch.arange(3.0))
+
+
+@pytest.mark.parametrize("mode", ["strict", "debug", "defer_and_fuse"])
+def test_set_default_dtype_is_followed_after_a_call_was_cached(mode):
+    """deferfuse caches what a call makes under its signature, which does not name the default
+    dtype: after set_default_dtype, factories and int-to-float promotions kept the old one."""
+    calls = {
+        "ones": lambda d: torch.ones(2, device=d),
+        "full": lambda d: torch.full((2,), 1.5, device=d),
+        "randn": lambda d: torch.randn(2, device=d),
+        "arange float": lambda d: torch.arange(0.0, 2.0, device=d),
+        "int / 2": lambda d: torch.arange(3, device=d) / 2,
+        "Linear": lambda d: torch.nn.Linear(2, 2, device=d).weight,
+    }
+    try:
+        for default in (torch.float32, torch.float64, torch.float32):
+            torch.set_default_dtype(default)
+            with deferfuse.mode(mode):
+                got = {k: f("tpu").dtype for k, f in calls.items()}
+            assert got == {k: f("cpu").dtype for k, f in calls.items()} == dict.fromkeys(calls, default)
+    finally:
+        torch.set_default_dtype(torch.float32)

@@ -795,9 +795,30 @@ def _classify(func) -> Callable:
     route = _classify_plain(func)
     twin = special.SCALAR_TWINS.get(func)
     if twin is not None:
-        return special.scalar_twin(*twin, route)
+        route = special.scalar_twin(*twin, route)
     pos = special.FILL_VALUES.get(func)
-    return route if pos is None else special.checked_fill(pos, route)
+    if pos is not None:
+        route = special.checked_fill(pos, route)
+    args = func._schema.arguments
+    if any(a.name == "device" for a in args) and any(a.type.isSubtypeOf(torch._C.TensorType.get()) for a in args):
+        route = _elsewhere(route)
+    return route
+
+
+def _elsewhere(route: Callable) -> Callable:
+    """`torch.zeros_like(t, device="cpu")`, `t.new_empty(n, device="cpu")`: a tpu tensor only
+    gives the shape and dtype of a result asked for on another device. The call runs there,
+    over a meta stand-in for the tpu tensor (which it reads nothing from)."""
+    def routed(func, args, kwargs):
+        device = kwargs.get("device")
+        if device is None or torch.device(device).type == "tpu":
+            return route(func, args, kwargs)
+        from .meta import to_meta
+
+        with torch.utils._python_dispatch._disable_current_modes():
+            return func(*to_meta(args), **kwargs)
+
+    return routed
 
 
 def _classify_plain(func) -> Callable:

@@ -273,3 +273,19 @@ def test_set_default_dtype_is_followed_after_a_call_was_cached(mode):
             assert got == {k: f("cpu").dtype for k, f in calls.items()} == dict.fromkeys(calls, default)
     finally:
         torch.set_default_dtype(torch.float32)
+
+
+@pytest.mark.parametrize("call", [
+    lambda t: torch.zeros_like(t, device="cpu"),
+    lambda t: torch.ones_like(t, device="cpu", dtype=torch.int64),
+    lambda t: torch.full_like(t, 2.0, device="cpu"),
+    lambda t: t.new_empty((2,), device="cpu").fill_(3.0),
+    lambda t: t.new_zeros((2, 2), device="cpu"),
+], ids=["zeros_like", "ones_like", "full_like", "new_empty", "new_zeros"])
+def test_a_result_asked_for_on_cpu_is_made_there(call):
+    """zeros_like, ones_like, full_like and new_empty of a tpu tensor ignored device="cpu"."""
+    t = torch.arange(6.0).reshape(2, 3)
+    want = call(t)
+    got = call(t.to("tpu"))
+    assert got.device.type == "cpu" and got.dtype == want.dtype
+    torch.testing.assert_close(got, want)

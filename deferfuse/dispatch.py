@@ -799,15 +799,15 @@ def _classify(func) -> Callable:
     pos = special.FILL_VALUES.get(func)
     if pos is not None:
         route = special.checked_fill(pos, route)
-    args = func._schema.arguments
-    if any(a.name == "device" for a in args) and any(a.type.isSubtypeOf(torch._C.TensorType.get()) for a in args):
+    name = func.__name__.split(".")[0]
+    if (name.endswith("_like") or name.startswith("new_")) and any(a.name == "device" for a in func._schema.arguments):
         route = _elsewhere(route)
     return route
 
 
 def _elsewhere(route: Callable) -> Callable:
-    """`torch.zeros_like(t, device="cpu")`, `t.new_empty(n, device="cpu")`: a tpu tensor only
-    gives the shape and dtype of a result asked for on another device. The call runs there,
+    """`torch.zeros_like(t, device="cpu")`, `t.new_empty(n, device="cpu")`: the tpu tensor of a
+    `*_like` or `new_*` factory only gives the shape and dtype of a result asked for elsewhere. The call runs there,
     over a meta stand-in for the tpu tensor (which it reads nothing from)."""
     def routed(func, args, kwargs):
         device = kwargs.get("device")

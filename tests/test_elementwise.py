@@ -55,3 +55,16 @@ def test_valid_integer_and_bool_elementwise_calls_still_run():
                 i << 1, torch.bitwise_xor(i, 5), b.logical_not(), i.abs(), -i]
 
     check_all_modes(run)
+
+
+@pytest.mark.parametrize("args", [(0.5, 5, 1.5), (-2.5, 3, 1.5), (0.5, 5.5, 1), (7.5,)])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_arange_with_float_bounds_in_an_integer_dtype(args, dtype):
+    """CPU counts the elements in double and steps from the truncated start by the truncated
+    step: arange(0.5, 5, 1.5, dtype=int64) is 0..4. tpu stepped by 1.5 and gave 0, 2, 3, 5, 6."""
+    check_all_modes(lambda d: torch.arange(*args, dtype=dtype, device=d))
+
+
+def test_vdot_conjugates_its_first_argument():
+    a, b = torch.tensor([1 + 2j, 3 - 1j]), torch.tensor([2 - 1j, 1 + 1j])
+    check_all_modes(lambda d: [torch.vdot(a.to(d), b.to(d)), torch.vdot(a.real.to(d), b.real.to(d))])

@@ -44,9 +44,16 @@ def scalar_tensor(ctx, s, *, dtype=None, layout=None, device=None, pin_memory=No
 def arange(ctx, start, end, step=1, *, dtype=None, layout=None, device=None, pin_memory=None):
     n = ctx.out_shape[0]
     jd = _jd(ctx)
-    if jnp.issubdtype(jd, jnp.integer) and all(isinstance(v, int) for v in (start, step)):
-        return start + step * lax.iota(jnp.int64, n).astype(jd)
+    if jnp.issubdtype(jd, jnp.integer):
+        # CPU counts the elements in double, then steps from start in the integer type: start and
+        # step are truncated first (arange(0.5, 5, 1.5, dtype=int64) is 0, 1, 2)
+        start, step = _trunc(start), _trunc(step)
+        return (start + step * lax.iota(jnp.int64, n)).astype(jd)
     return (start + step * lax.iota(jnp.float64, n)).astype(jd)
+
+
+def _trunc(v):
+    return int(v) if isinstance(v, (int, float)) else jnp.trunc(v).astype(jnp.int64)
 
 
 @lowering(aten.arange.default, family="creation", ctx=True)

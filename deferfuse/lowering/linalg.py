@@ -47,9 +47,15 @@ def mv(a, v):
     return _mm(a, v)
 
 
-@lowering(aten.dot.default, aten.vdot.default, family="matmul", promote="default")
+@lowering(aten.dot.default, family="matmul", promote="default")
 def dot(a, b):
     return jnp.dot(a, b)
+
+
+@lowering(aten.vdot.default, family="matmul", promote="default")
+def vdot(a, b):
+    """The first argument conjugated (a no-op for real tensors)."""
+    return jnp.vdot(a, b)
 
 
 def _scaled(mat, self, beta, alpha):

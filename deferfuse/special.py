@@ -269,12 +269,19 @@ def route_uninitialised(func, args, kwargs):
 
 
 def resize(t: TpuTensor, size: tuple) -> None:
-    """Give t a fresh contiguous storage of `size`, keeping the old contents as a prefix."""
+    """Resize t to a contiguous `size`. As on CPU, a tensor whose storage has room from its
+    offset on stays a view of it (fft_fftfreq fills a slice of its result through `arange(out=)`,
+    which resizes the empty slice it was given); otherwise it gets a fresh storage, keeping the
+    old contents as a prefix."""
     from .dispatch import set_metadata
     from .views import contiguous_strides
 
     size = tuple(size)
     stride = contiguous_strides(size)
+    off = tensor.offset_of(t)
+    if t._st.copy_of is None and off + math.prod(size) <= t._st.numel:
+        set_metadata(t, size, stride, off)
+        return
     old_numel = t.numel()
     new = Storage(None, size, t.dtype)
     n = 1

@@ -403,3 +403,16 @@ def test_views_of_inference_tensors_read_and_write_inside_inference_mode():
         return [a, a.view(3, 2).T, a[1:].sum()]  # reads outside are fine
 
     check_all_modes(run)
+
+
+def test_resizing_a_view_within_its_storage_keeps_it_a_view():
+    """resize_ keeps the storage when it has room, as on CPU; fft_fftfreq relies on it (it fills
+    a slice of its result through arange(out=), which resizes the empty slice it is given)."""
+    def run(d):
+        x = torch.zeros(6).to(d)
+        v = x[2:2]
+        v.resize_(3)
+        v.fill_(1.0)
+        return [x, torch.fft.fftfreq(5, device=d), torch.fft.fftfreq(4, 0.5, device=d)]
+
+    check_all_modes(run)

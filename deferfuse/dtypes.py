@@ -58,6 +58,25 @@ def up_half(x):
     return x.astype(jnp.float32) if x.dtype in HALF else x
 
 
+def cast(x, jd):
+    """x.astype(jd), with CPU's float-to-integer conversion where C++ leaves it undefined.
+
+    XLA saturates out-of-range values and sends NaN to 0. CPU PyTorch converts through a 32-bit
+    integer for the narrower types, whose bits are then kept: -1.0 as uint8 is 255 (image code
+    relies on it), 200.0 as int8 is -56; NaN, infinities and values past the 32-bit range become
+    INT_MIN there, and INT64_MIN for int64."""
+    if not (jnp.issubdtype(x.dtype, jnp.floating) and jnp.issubdtype(jd, jnp.integer)):
+        return x.astype(jd)
+    wide = jnp.dtype(jd).itemsize == 8
+    it = jnp.int64 if wide else jnp.int32
+    bound = float(2 ** (63 if wide else 31))
+    if x.dtype.itemsize < 4:  # half types: the bound itself would overflow them
+        x = x.astype(jnp.float32)
+    bad = jnp.isnan(x) | (x >= bound) | (x < -bound)
+    y = jnp.where(bad, jnp.iinfo(it).min, jnp.where(bad, 0, x).astype(it))
+    return y.astype(jd)
+
+
 def to_jax_dtype(dtype: torch.dtype) -> jnp.dtype:
     try:
         return TORCH_TO_JAX[dtype]

@@ -15,7 +15,7 @@ import torch
 
 from . import engine, events, sources, tensor, views
 from .config import CONFIG
-from .dtypes import to_jax_dtype
+from .dtypes import cast, to_jax_dtype
 from .events import METRICS
 from .graph import Op
 from .meta import run_meta
@@ -101,7 +101,7 @@ def _convert_op(ssize, sdtype, dsize, ddtype) -> Op:
         def fn(ins, scs):
             x = ins[0]
             if x.dtype != jd:
-                x = x.astype(jd)
+                x = cast(x, jd)
             if tuple(x.shape) != dsize:
                 x = jnp.broadcast_to(x, dsize)
             return [x]

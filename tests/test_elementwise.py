@@ -68,3 +68,21 @@ def test_arange_with_float_bounds_in_an_integer_dtype(args, dtype):
 def test_vdot_conjugates_its_first_argument():
     a, b = torch.tensor([1 + 2j, 3 - 1j]), torch.tensor([2 - 1j, 1 + 1j])
     check_all_modes(lambda d: [torch.vdot(a.to(d), b.to(d)), torch.vdot(a.real.to(d), b.real.to(d))])
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64])
+@pytest.mark.parametrize("src", [torch.float32, torch.float16, torch.float64])
+def test_float_to_integer_casts_out_of_range_like_cpu(dtype, src):
+    """C++ leaves these undefined; CPU converts through a 32-bit integer for the narrower types
+    and keeps its low bits (-1.0 as uint8 is 255), where XLA saturated (0)."""
+    x = torch.tensor([-1.0, -2.5, 200.0, 300.0, 3.7, float("nan"), float("inf"), -float("inf"), 1e10])
+    if src == torch.float16:
+        x = x.clamp(-6e4, 6e4)
+    x = x.to(src)
+
+    def run(d):
+        into = torch.zeros(x.shape, dtype=dtype).to(d)
+        into.copy_(x.to(d))
+        return [x.to(d).to(dtype), into]
+
+    check_all_modes(run)

@@ -10,7 +10,7 @@ import math
 import jax.numpy as jnp
 from jax import lax
 
-from ..dtypes import to_jax_dtype
+from ..dtypes import cast, to_jax_dtype
 from .registry import aten, lowering
 
 
@@ -96,7 +96,7 @@ def to_copy(ctx, x, *, dtype=None, layout=None, device=None, pin_memory=None, no
     jd = _jd(ctx)
     if jnp.issubdtype(x.dtype, jnp.complexfloating) and not jnp.issubdtype(jd, jnp.complexfloating):
         x = jnp.real(x)
-    return x.astype(jd)
+    return cast(x, jd)
 
 
 @lowering(aten.clone.default, aten.lift_fresh_copy.default, family="elementwise")

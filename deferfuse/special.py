@@ -376,6 +376,22 @@ def _has_mask(indices) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices)
 
 
+def _check_mask_shapes(x, indices) -> None:
+    """A mask must have the shape of the dims it indexes; CPU raises IndexError, where taking its
+    nonzero positions as indices read other elements, or the wrong rows."""
+    dim = 0
+    for ix in indices:
+        if isinstance(ix, torch.Tensor) and ix.dtype in (torch.bool, torch.uint8):
+            want = tuple(x.shape[dim:dim + ix.dim()])
+            for k, n in enumerate(ix.shape):
+                if k >= len(want) or n != want[k]:
+                    raise IndexError(f"The shape of the mask {list(ix.shape)} at index {k} does not match the shape "
+                                     f"of the indexed tensor {list(x.shape)} at index {dim + k}")
+            dim += ix.dim()
+        else:
+            dim += 1
+
+
 def route_index(func, args, kwargs):
     """x[indices]: boolean masks become integer indices first (a data-dependent shape)."""
     from .dispatch import route_lowered
@@ -383,6 +399,7 @@ def route_index(func, args, kwargs):
     x, indices = args[0], list(args[1])
     _check_index_dtypes(indices)
     if _has_mask(indices):
+        _check_mask_shapes(x, indices)
         indices = bool_indices_to_long(indices)
     return route_lowered(func, (x, indices) + tuple(args[2:]), kwargs)
 
@@ -409,6 +426,7 @@ def route_index_put(func, args, kwargs):
     accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
     inplace = func is aten.index_put_.default
     if _has_mask(indices):
+        _check_mask_shapes(x, indices)
         m = indices[0]
         if len(indices) == 1 and not accumulate and values.numel() == 1 and isinstance(m, TpuTensor):
             if m.dtype != torch.bool:

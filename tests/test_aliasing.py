@@ -416,3 +416,21 @@ def test_resizing_a_view_within_its_storage_keeps_it_a_view():
         return [x, torch.fft.fftfreq(5, device=d), torch.fft.fftfreq(4, 0.5, device=d)]
 
     check_all_modes(run)
+
+
+_BAD_MASKS = {
+    "3 on a dim of 2": lambda x, m: x[m[:3]],
+    "1 on a dim of 2": lambda x, m: x[m[:1]],
+    "2x2 on 2x3": lambda x, m: x[m[:4].view(2, 2)],
+    "2 on the second dim": lambda x, m: x[:, m[:2]],
+    "setitem 3 on a dim of 2": lambda x, m: x.__setitem__(m[:3], 0.0),
+    "setitem tensor value": lambda x, m: x.__setitem__(m[:3], torch.zeros(2).to(x.device)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_BAD_MASKS))
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_a_mask_of_the_wrong_shape_raises_like_cpu(case, mode):
+    """Its nonzero positions were taken as indices: the wrong rows came back, silently."""
+    mask = torch.tensor([True, False, True, True, False, True])
+    check_raises_like_cpu(lambda d: _BAD_MASKS[case](torch.arange(6.0).reshape(2, 3).to(d), mask.to(d)), mode)

@@ -82,6 +82,13 @@ def test_debug_binary_cross_entropy_of_a_non_probability_raises_like_cpu(bad):
     check_raises_like_cpu(lambda d: F.binary_cross_entropy(inp.to(d), tgt.to(d)), "debug")
 
 
+def test_debug_lets_index_fills_negative_indices_through():
+    """index_fill takes negative indices from the end, as advanced indexing does; Debug flagged
+    them as out of range."""
+    x = torch.arange(12.0).reshape(3, 4)
+    check_all_modes(lambda d: x.to(d).index_fill(1, torch.tensor([0, -1]).to(d), -2.5))
+
+
 def test_strict_and_deferred_pay_for_no_checks(monkeypatch):
     from deferfuse.executors import debug as dbg
 

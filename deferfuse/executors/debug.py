@@ -237,7 +237,7 @@ def _raise_like_cpu(func, args, kwargs, fallback_msg: str, exc: type = IndexErro
     except (IndexError, RuntimeError, ValueError) as e:
         raise type(e)(str(e)) from None
     if func in (aten.index.Tensor, aten._unsafe_index.Tensor, aten.index_put.default, aten.index_put_.default,
-                aten.take.default):
-        # negative indices wrap on CPU for advanced indexing and take; nothing to report
+                aten.take.default, aten.index_fill.int_Scalar, aten.index_fill_.int_Scalar):
+        # negative indices wrap on CPU for advanced indexing, take and index_fill; nothing to report
         return
     raise exc(fallback_msg)

@@ -419,3 +419,22 @@ def test_dag_layout_is_layered():
     assert lay[0][0] == 0 and lay[1][0] == lay[2][0] == 1 and lay[3][0] == 2
     assert {lay[1][1], lay[2][1]} == {0, 1}
 
+
+
+def test_one_lines_different_ops_are_not_recompiles_in_strict():
+    """Strict flushes every op: an optimizer step's line compiles a dozen different programs,
+    which the report counted as recompiles of one site ('different op at node 0'). The same op
+    at the same line with another shape still is one."""
+    n = 13  # shapes no other test compiles (the cache is shared)
+    a, b = torch.randn(4, n).to("tpu"), torch.randn(n).to("tpu")
+    events.start_collecting()
+    try:
+        with deferfuse.mode("strict"):
+            for x in (a, b):
+                torch._foreach_mul_([x], 2.0); torch._foreach_add_([x], 1.0); torch._foreach_abs([x])  # noqa: E702
+    finally:
+        got = events.stop_collecting()
+    compiles = [e for e in got if e["kind"] == "compile"]
+    assert len(compiles) >= 6
+    again = [e for e in compiles if e.get("recompile")]
+    assert len(again) == 3 and all(e["why"]["what"] == "input" for e in again)  # b: the same ops, new shape

@@ -161,6 +161,9 @@ def register() -> None:
     backward.install()
     _refuse_fx_tracing()
     _follow_default_dtype()
+    from . import rng
+
+    rng.install_generator()
     torch.serialization.register_package(5, lambda obj: None, _load_onto_tpu)
     _registered = True
 

@@ -257,10 +257,11 @@ _getframe = sys._getframe
 _TIMING = events.TIMING
 
 
-def emit(r: Recipe, tensors, scalars):
-    """Record one node and return its outputs as tpu tensors (the recording hot path)."""
+def emit(r: Recipe, tensors, scalars, key=None):
+    """Record one node and return its outputs as tpu tensors (the recording hot path). `key`:
+    the (seed, counter) of a random op given its own generator."""
     if r.rng:
-        scalars.extend(rng.next_key())
+        scalars.extend(key or rng.next_key())
     op = r.op
     g = _STREAM.graph
     if _EAGER_NOW[0] and _depth == 1 and not g.nodes:
@@ -340,6 +341,8 @@ def route_lowered(func, args, kwargs):
         if low.supports is not None and not low.supports(*_meta_args(args, kwargs)):
             return fallback.run(func, args, kwargs, reason="unsupported arguments")
         r = _RECIPES[key] = _make_recipe(func, spec, key, args, kwargs, low)
+    if r.rng and kwargs and kwargs.get("generator") is not None:
+        return emit(r, tensors, scalars, rng.key_from(kwargs["generator"]))
     return emit(r, tensors, scalars)
 
 
@@ -601,7 +604,7 @@ def route_mutating(func, args, kwargs):
             _bump_versions(target)
         r = _INPLACE.get(key)
         if r is not None and _replaceable(r, target):
-            _emit_into(r, tensors, scalars, target)
+            _emit_into(r, tensors, scalars, target, kwargs)
             if several:
                 return args[0] if func._schema.returns else None
             return None if type(target) is list or type(target) is tuple else target
@@ -738,9 +741,10 @@ def _replaceable(r: Recipe, target) -> bool:
     return target._lay is None and st.copy_of is None and st.shape == r.outs[0][4]
 
 
-def _emit_into(r: Recipe, tensors, scalars, target) -> None:
+def _emit_into(r: Recipe, tensors, scalars, target, kwargs) -> None:
     if r.rng:
-        scalars.extend(rng.next_key())
+        gen = kwargs.get("generator") if kwargs else None
+        scalars.extend(rng.next_key() if gen is None else rng.key_from(gen))
     g, base = _record(r.op, tensors, scalars)
     if type(target) is list or type(target) is tuple:
         for k, t in enumerate(target):

@@ -261,7 +261,8 @@ def to_meta(obj, scalars_iter=None):
 def run_meta(func, args: tuple, kwargs: dict):
     """Run `func` on meta copies of the arguments; exceptions are PyTorch's own."""
     margs = to_meta(args)
-    mkwargs = {k: to_meta(v) for k, v in kwargs.items()}
+    # a meta kernel draws nothing (and PyTorch's refs refuse a generator outright)
+    mkwargs = {k: None if k == "generator" else to_meta(v) for k, v in kwargs.items()}
     if "device" in mkwargs and mkwargs["device"] is not None:
         mkwargs["device"] = torch.device("meta")
     with torch.utils._python_dispatch._disable_current_modes(), warnings.catch_warnings():

@@ -57,3 +57,50 @@ def set_rng_state(state: torch.Tensor, device=None) -> None:
 def key(seed_value, counter):
     """The JAX key for (seed, counter); traced, so it costs nothing at dispatch time."""
     return jax.random.fold_in(jax.random.key(seed_value), counter)
+
+
+# --- torch.Generator(device="tpu") ---------------------------------------------------------------
+# A Python backend cannot give PyTorch a generator of its own kind (the Python PrivateUse1 hooks
+# have no getNewGenerator), so `torch.Generator(device="tpu")` makes a CPU generator that reports
+# the tpu device. A random op given one draws its key's seed from it: reseeding the generator
+# repeats the op's values, as on CUDA (the values themselves are not CUDA's or CPU's).
+
+
+class TpuGenerator(torch._C.Generator):
+    @property
+    def device(self) -> torch.device:
+        from .device import NAME
+
+        return torch.device(NAME, 0)
+
+
+def key_from(gen) -> tuple[int, int]:
+    """(seed, counter) for one random op given `generator=gen`. CUDA would refuse a CPU generator
+    for a cuda op; here every generator reaching an op is a CPU one (PyTorch re-wraps it on the
+    way, so a TpuGenerator cannot be told apart), and each is honoured."""
+    seed = int(torch.randint(-(1 << 63), (1 << 63) - 1, (), dtype=torch.int64, generator=gen))
+    return seed, 0
+
+
+class _GeneratorType(type(torch._C.Generator)):
+    def __instancecheck__(cls, obj) -> bool:
+        return isinstance(obj, torch._C.Generator)
+
+    def __subclasscheck__(cls, sub) -> bool:
+        return issubclass(sub, torch._C.Generator)
+
+
+class Generator(torch._C.Generator, metaclass=_GeneratorType):
+    """torch.Generator, which also takes device="tpu": every generator, CPU ones included, is
+    still an instance of it."""
+
+    def __new__(cls, device=None):
+        from .device import NAME
+
+        if device is not None and torch.device(device).type == NAME:
+            return TpuGenerator("cpu")
+        return torch._C.Generator() if device is None else torch._C.Generator(device)
+
+
+def install_generator() -> None:
+    torch.Generator = Generator

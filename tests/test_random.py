@@ -89,3 +89,38 @@ def test_multinomial_debug_raises_cpus_error_for_invalid_weights(w, n, replaceme
     t = w.to("tpu")
     check_raises_like_cpu(lambda d: torch.multinomial(w if d == "cpu" else t, n, replacement=replacement), "debug")
     torch.testing.assert_close(t.cpu(), w, equal_nan=True)  # the input is intact
+
+
+_DRAWS = {
+    "randn": lambda g: torch.randn(3, device="tpu", generator=g),
+    "rand": lambda g: torch.rand(2, 3, device="tpu", generator=g),
+    "randint": lambda g: torch.randint(0, 100, (5,), device="tpu", generator=g),
+    "normal_": lambda g: torch.empty(4, device="tpu").normal_(generator=g),
+    "uniform_": lambda g: torch.empty(4, device="tpu").uniform_(generator=g),
+    "exponential_": lambda g: torch.empty(4, device="tpu").exponential_(generator=g),
+    "bernoulli": lambda g: torch.full((8,), 0.5, device="tpu").bernoulli(generator=g),
+    "multinomial": lambda g: torch.multinomial(torch.ones(6, device="tpu"), 3, generator=g),
+}
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+@pytest.mark.parametrize("draw", sorted(_DRAWS))
+def test_a_generator_decides_the_values(draw, mode):
+    """torch.Generator(device="tpu") raised; a generator given to a tpu random op was ignored,
+    so reseeding it did not repeat the values. (Values are not CPU's, as without a generator.)"""
+    g = torch.Generator(device="tpu")
+    assert g.device.type == "tpu" and isinstance(g, torch.Generator)
+    f = _DRAWS[draw]
+    with deferfuse.mode(mode):
+        g.manual_seed(9)
+        first = [f(g).cpu() for _ in range(2)]
+        g.manual_seed(9)
+        again = [f(g).cpu() for _ in range(2)]
+    torch.testing.assert_close(again, first)
+    assert draw == "multinomial" or not torch.equal(first[0], first[1])  # and it moves on per draw
+
+
+def test_cpu_generators_are_still_generators():
+    g = torch.Generator().manual_seed(0)
+    assert type(g) is torch._C.Generator and isinstance(g, torch.Generator)
+    torch.testing.assert_close(torch.randn(3, generator=g), torch.randn(3, generator=torch.Generator().manual_seed(0)))

@@ -134,6 +134,7 @@ def _multinomial_meta(args, kwargs):
     # without replacement, integer weights): run CPU's kernel on uniform weights of the same shape
     # once per signature, so bad arguments raise CPU's own error at the user's line
     w = args[0]
+    kwargs = {k: v for k, v in kwargs.items() if k != "generator"}  # the check must not draw from it
     aten.multinomial.default(torch.ones(w.shape, dtype=w.dtype), *args[1:], **kwargs)
     return aten.multinomial.default(*args, **kwargs)
 

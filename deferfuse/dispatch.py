@@ -169,11 +169,16 @@ def _needs_cpu_probe(func, low, args, kwargs) -> bool:
     cannot depend on their inputs' shapes beyond broadcasting and valid dims: elementwise ones
     that are in-place (the result type must cast into the target), bitwise or shifts, and
     elementwise ops, reductions and softmaxes on integer or bool tensors (CPU has no integer
-    std or softmax; deferfuse returned integer results), and index ops given a floating index."""
+    std or softmax; deferfuse returned integer results), index ops given a floating index,
+    random ops (their arguments' ranges) and nll_loss given class targets that are not int64."""
     if low is None:
         return False
     if low.family == "index":
         return _float_index_argument(func, args, kwargs)
+    if low.family == "random":  # their argument checks (from < to, p in [0, 1], std >= 0)
+        return any(type(a) is TpuTensor for a in args)
+    if func in _CLASS_TARGETS:  # CPU wants int64 (or uint8) class targets
+        return isinstance(args[1], TpuTensor) and args[1].dtype not in (torch.int64, torch.uint8)
     if low.family == "elementwise":
         name = func._overloadpacket.__name__
         if name.endswith("_") or name.startswith(("bitwise_", "__")):
@@ -187,6 +192,7 @@ def _needs_cpu_probe(func, low, args, kwargs) -> bool:
 
 
 _SOFTMAXES = (aten._softmax.default, aten._log_softmax.default)
+_CLASS_TARGETS = (aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
 _INDEX_ARGUMENTS = ("index", "indices", "offsets")
 
 

@@ -300,9 +300,12 @@ def run_cpu_probe(func, args: tuple, kwargs: dict, real_only: bool = False) -> N
     def call(real: bool):
         inplace = func._schema.is_mutable
         pargs = tuple(stand_in(a, real, written=inplace and i == 0) for i, a in enumerate(args))
-        func(*pargs, **{k: stand_in(v, real, written=inplace and k == "out") for k, v in kwargs.items()})
+        func(*pargs, **{k: None if k == "generator" else stand_in(v, real, written=inplace and k == "out")
+                        for k, v in kwargs.items()})
 
-    with torch.no_grad(), torch.utils._python_dispatch._disable_current_modes(), warnings.catch_warnings():
+    # fork_rng: a random op's rehearsal must not move CPU's random stream
+    with torch.no_grad(), torch.utils._python_dispatch._disable_current_modes(), warnings.catch_warnings(), \
+            torch.random.fork_rng(devices=[]):
         warnings.simplefilter("ignore")
         if real_only:
             call(real=True)

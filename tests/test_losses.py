@@ -104,3 +104,10 @@ def test_ctc_loss_takes_its_lengths_as_cuda_code_passes_them(lengths, reduction)
         return [loss, x.grad]
 
     check_all_modes(run)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_class_targets_must_be_int64_like_cpu(mode):
+    """An int32 target ran where CPU raises 'expected target dtype to be Long or Byte'."""
+    x, t = torch.randn(3, 5), torch.tensor([1, 2, 3], dtype=torch.int32)
+    check_raises_like_cpu(lambda d: F.cross_entropy(x.to(d), t.to(d)), mode)

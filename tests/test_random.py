@@ -124,3 +124,27 @@ def test_cpu_generators_are_still_generators():
     g = torch.Generator().manual_seed(0)
     assert type(g) is torch._C.Generator and isinstance(g, torch.Generator)
     torch.testing.assert_close(torch.randn(3, generator=g), torch.randn(3, generator=torch.Generator().manual_seed(0)))
+
+
+_BAD_RANDOM_ARGS = {
+    "randint low >= high": lambda d: torch.randint(5, 2, (3,), device=d),
+    "random_ from >= to": lambda d: torch.empty(3, device=d).random_(3, 3),
+    "uniform_ from > to": lambda d: torch.empty(3, device=d).uniform_(1, 0),
+    "bernoulli_ p > 1": lambda d: torch.empty(3, device=d).bernoulli_(1.5),
+    "normal std < 0": lambda d: torch.normal(0.0, -1.0, (3,), device=d),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_BAD_RANDOM_ARGS))
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_random_ops_check_their_arguments_like_cpu(case, mode):
+    """They returned a constant (the low bound, 1.0) where CPU raises."""
+    check_raises_like_cpu(_BAD_RANDOM_ARGS[case], mode)
+
+
+def test_checking_a_random_op_leaves_cpus_random_stream_alone():
+    torch.manual_seed(0)
+    want = torch.rand(3)
+    torch.manual_seed(0)
+    torch.empty(2, device="tpu").uniform_(0.25, 5.5)  # a new signature: its arguments are checked on CPU
+    torch.testing.assert_close(torch.rand(3), want)

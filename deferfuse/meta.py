@@ -91,6 +91,9 @@ def _static(a):
         raise TypeError("tensor in a static argument position")
     if isinstance(a, torch.Generator):
         return ("gen", a.device.type)
+    if t is torch.device and a.index and a.type == "tpu":
+        raise RuntimeError(f"deferfuse: device {a} does not exist; there is one tpu device, tpu:0 (as CUDA "
+                           "reports an invalid device ordinal)")
     return a
 
 

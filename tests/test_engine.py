@@ -289,3 +289,16 @@ def test_a_result_asked_for_on_cpu_is_made_there(call):
     got = call(t.to("tpu"))
     assert got.device.type == "cpu" and got.dtype == want.dtype
     torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("call", [
+    lambda: torch.zeros(2, device="tpu:1"),
+    lambda: torch.ones(2).to("tpu:1"),
+    lambda: torch.nn.Linear(2, 2).to("tpu:1"),
+    lambda: torch.tensor([1.0, 2.0], device="tpu:1"),
+], ids=["factory", "to", "module.to", "tensor"])
+def test_a_device_index_past_the_one_device_raises(call):
+    """tpu:1 quietly became tpu:0; CUDA with one device refuses an invalid ordinal."""
+    with pytest.raises(RuntimeError, match="tpu:1 does not exist"):
+        call()
+    assert torch.zeros(2, device="tpu:0").device == torch.device("tpu", 0)

@@ -164,8 +164,27 @@ def register() -> None:
     from . import rng
 
     rng.install_generator()
+    _accelerator_synchronize()
     torch.serialization.register_package(5, lambda obj: None, _load_onto_tpu)
     _registered = True
+
+
+def _accelerator_synchronize() -> None:
+    """torch.accelerator.synchronize() asks the backend's C++ device guard, which a Python
+    backend has no way to provide ("Backend doesn't support synchronizing all streams"): for
+    tpu it is torch.tpu.synchronize()."""
+    accelerator = torch.accelerator
+    synchronize = accelerator.synchronize
+
+    @functools.wraps(synchronize)
+    def _synchronize(device=None):
+        current = accelerator.current_accelerator()
+        if current is not None and current.type == NAME:
+            torch.tpu.synchronize(device)
+            return None
+        return synchronize(device)
+
+    accelerator.synchronize = _synchronize
 
 
 def _follow_default_dtype() -> None:

@@ -246,3 +246,14 @@ def test_assert_async_checks_its_condition(mode):
     with deferfuse.mode(mode):
         torch._assert_async(torch.tensor(3).to("tpu"))
         torch._assert_async(torch.tensor(True).to("tpu") & True, "fine")
+
+
+def test_torch_accelerator_synchronize_flushes_and_waits(events):
+    """torch.accelerator.synchronize() raised 'Backend doesn't support synchronizing all
+    streams'; with tpu the current accelerator, it is torch.tpu.synchronize()."""
+    assert torch.accelerator.current_accelerator().type == "tpu"
+    with deferfuse.mode():
+        y = torch.ones(3).to("tpu") * 2
+        torch.accelerator.synchronize()  # <- accelerator
+        _assert_flush(events, "synchronize", _line_of("# <- accelerator"))
+        assert y._st.value is not None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import math
 import weakref
+from collections import OrderedDict
 
 import jax
 import numpy as np
@@ -156,7 +157,10 @@ class TpuTensor(torch.Tensor):
     def __reduce_ex__(self, proto):
         # PyTorch's own rebuild for device tensors without host storage (XLA's): in torch.load's
         # weights_only allowlist, and it honours map_location, so a checkpoint saved on tpu loads
-        # on a machine without deferfuse with map_location="cpu"
+        # on a machine without deferfuse with map_location="cpu". A parameter is rebuilt as one,
+        # as nn.Parameter's own reduction does (a whole pickled model needs its Parameters back).
+        if getattr(self, "_is_param", False):
+            return (torch._utils._rebuild_parameter, (self.detach(), self.requires_grad, OrderedDict()))
         cpu = self.detach().cpu()
         return (torch._utils._rebuild_device_tensor_from_cpu_tensor, (cpu, self.dtype, str(self.device),
                                                                       self.requires_grad))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import io
 import subprocess
 import sys
 
@@ -111,3 +112,23 @@ def test_load_with_map_location_tpu_gives_cpu_tensors_that_load_state_dict_copie
         o.step()
     for a, b in zip(model.parameters(), tpu_model.parameters()):
         torch.testing.assert_close(b.cpu(), a)
+
+
+@pytest.mark.parametrize("map_location", [None, "cpu"])
+def test_a_pickled_model_keeps_its_parameters(map_location):
+    """torch.save(model) then torch.load: the weights came back plain tensors, and the loaded
+    module's .to() failed ('param must be a Parameter')."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU()).to("tpu")
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, map_location=map_location, weights_only=False)
+    assert all(isinstance(p, torch.nn.Parameter) for p in loaded.parameters())
+    loaded = loaded.to("cpu")
+    for p, q in zip(loaded.parameters(), model.parameters()):
+        torch.testing.assert_close(p.detach(), q.detach().cpu())
+    buf = io.BytesIO()
+    torch.save(torch.nn.Parameter(torch.ones(3).to("tpu")), buf)
+    buf.seek(0)
+    assert type(torch.load(buf, map_location="cpu")) is torch.nn.Parameter  # weights_only, too

@@ -629,6 +629,9 @@ def route_mutating(func, args, kwargs):
                 _learn_inplace(kind[1], key, args, kwargs, tensors, scalars, target)
             return args[0] if several and func._schema.returns else None
         _check_inplace_shape(target, result)
+        if type(target) is not TpuTensor:  # a CPU 0-dim tensor written from a tpu one
+            raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
+                               f"{target.device} and tpu:0! (while calling {func})")
         special.assign(target, result)
         if not fill:
             _learn_inplace(kind[1], key, args, kwargs, tensors, scalars, target)

@@ -302,3 +302,11 @@ def test_a_device_index_past_the_one_device_raises(call):
     with pytest.raises(RuntimeError, match="tpu:1 does not exist"):
         call()
     assert torch.zeros(2, device="tpu:0").device == torch.device("tpu", 0)
+
+
+def test_writing_a_cpu_scalar_tensor_from_a_tpu_one_raises_a_device_error():
+    """`cpu_0dim.add_(tpu_0dim)` raised AttributeError ('_st'), an internal attribute."""
+    x = torch.tensor(1.0)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        x.add_(torch.ones((), device="tpu"))
+    assert x.item() == 1.0

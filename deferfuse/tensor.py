@@ -147,7 +147,9 @@ class TpuTensor(torch.Tensor):
         )
 
     def __repr__(self, *, tensor_contents=None):
-        return _with_cause("print", _repr, self)
+        text = _with_cause("print", _repr, self)
+        # nn.Parameter's own repr (a tpu parameter is a TpuTensor flagged as one)
+        return "Parameter containing:\n" + text if getattr(self, "_is_param", False) else text
 
     def __format__(self, spec):
         if self.dim() == 0 and not self.is_meta and type(self) is TpuTensor:

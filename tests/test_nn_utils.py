@@ -56,3 +56,11 @@ def test_lazy_modules_initialise_and_train_like_cpu(how):
         return [loss] + [p.detach() for p in model.parameters()] + [b for b in model.buffers()]
 
     check_all_modes(run)
+
+
+def test_a_tpu_parameter_reprs_as_a_parameter():
+    torch.manual_seed(0)
+    cpu = torch.nn.Linear(2, 1).bias
+    tpu = torch.nn.Linear(2, 1).to("tpu").bias
+    assert repr(tpu) == repr(cpu).replace("requires_grad=True", "device='tpu:0', requires_grad=True")
+    assert repr(tpu).startswith("Parameter containing:\n")

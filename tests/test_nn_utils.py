@@ -61,6 +61,7 @@ def test_lazy_modules_initialise_and_train_like_cpu(how):
 def test_a_tpu_parameter_reprs_as_a_parameter():
     torch.manual_seed(0)
     cpu = torch.nn.Linear(2, 1).bias
+    torch.manual_seed(0)
     tpu = torch.nn.Linear(2, 1).to("tpu").bias
     assert repr(tpu) == repr(cpu).replace("requires_grad=True", "device='tpu:0', requires_grad=True")
     assert repr(tpu).startswith("Parameter containing:\n")

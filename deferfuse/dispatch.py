@@ -179,6 +179,9 @@ def _needs_cpu_probe(func, low, args, kwargs) -> bool:
         return any(type(a) is TpuTensor for a in args)
     if func in _CLASS_TARGETS:  # CPU wants int64 (or uint8) class targets
         return isinstance(args[1], TpuTensor) and args[1].dtype not in (torch.int64, torch.uint8)
+    if (low.family in ("elementwise", "reduction") or func in _SORTS) and any(
+            type(a) is TpuTensor and a.dtype.is_complex for a in args):
+        return True  # complex numbers have no order: CPU refuses lt, maximum, clamp, sort on them
     if low.family == "elementwise":
         name = func._overloadpacket.__name__
         if name.endswith("_") or name.startswith(("bitwise_", "__")):
@@ -193,6 +196,7 @@ def _needs_cpu_probe(func, low, args, kwargs) -> bool:
 
 _SOFTMAXES = (aten._softmax.default, aten._log_softmax.default)
 _CLASS_TARGETS = (aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
+_SORTS = (aten.sort.default, aten.sort.stable, aten.topk.default, aten.argsort.default, aten.argsort.stable)
 _INDEX_ARGUMENTS = ("index", "indices", "offsets")
 
 

@@ -86,3 +86,12 @@ def test_float_to_integer_casts_out_of_range_like_cpu(dtype, src):
         return [x.to(d).to(dtype), into]
 
     check_all_modes(run)
+
+
+@pytest.mark.parametrize("call", [
+    lambda z: z < z, lambda z: torch.maximum(z, z), lambda z: z.clamp(min=0), lambda z: torch.sort(z),
+], ids=["lt", "maximum", "clamp", "sort"])
+def test_ordering_complex_numbers_raises_like_cpu(call):
+    """They have no order; tpu compared or sorted something anyway."""
+    z = torch.tensor([1 + 2j, 3 - 1j])
+    check_raises_like_cpu(lambda d: call(z.to(d)), "strict")

@@ -215,8 +215,6 @@ def _refuse_fx_tracing() -> None:
     """make_fx over tpu tensors cannot trace them: a tpu op runs below the tracer, so its result
     enters the graph as a constant. `torch.func.linearize` then returned the tangent of the trace
     inputs for every call (zeros, for the zeros it traces with); an error says so instead."""
-    import functools
-
     from torch._functorch import eager_transforms
     from torch.fx.experimental import proxy_tensor
     from torch.utils._pytree import tree_leaves

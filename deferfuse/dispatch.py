@@ -28,8 +28,8 @@ from .config import CONFIG
 from .events import METRICS
 from .graph import Op
 from .lowering import LOWERINGS, fallback, make_lowered_op
-from .meta import (ArgSpec, cpu_error_instead, flatten_outputs, run_cpu_probe, run_meta, signature, template,
-                   unflatten_outputs)
+from .meta import (ArgSpec, cpu_error_instead, flatten_outputs, needs_cpu_probe, run_cpu_probe, run_meta, signature,
+                   template, unflatten_outputs)
 from .tensor import LAYOUTS, Storage, TpuTensor, layout_id, new_tensor, offset_of, phys_layout
 from . import views
 
@@ -164,57 +164,9 @@ def _out_info(meta_leaves) -> list:
     return outs
 
 
-def _needs_cpu_probe(func, low, args, kwargs) -> bool:
-    """Ops whose CPU kernel may reject what the meta kernel lets through, and whose result
-    cannot depend on their inputs' shapes beyond broadcasting and valid dims: elementwise ones
-    that are in-place (the result type must cast into the target), bitwise or shifts, and
-    elementwise ops, reductions and softmaxes on integer or bool tensors (CPU has no integer
-    std or softmax; deferfuse returned integer results), index ops given a floating index,
-    random ops (their arguments' ranges) and nll_loss given class targets that are not int64."""
-    if low is None:
-        return False
-    if low.family == "index":
-        return _float_index_argument(func, args, kwargs)
-    if low.family == "random":  # their argument checks (from < to, p in [0, 1], std >= 0)
-        return any(type(a) is TpuTensor for a in args)
-    if func in _CLASS_TARGETS:  # CPU wants int64 (or uint8) class targets
-        return isinstance(args[1], TpuTensor) and args[1].dtype not in (torch.int64, torch.uint8)
-    if (low.family in ("elementwise", "reduction") or func in _SORTS) and any(
-            type(a) is TpuTensor and a.dtype.is_complex for a in args):
-        return True  # complex numbers have no order: CPU refuses lt, maximum, clamp, sort on them
-    if low.family == "elementwise":
-        name = func._overloadpacket.__name__
-        if name.endswith("_") or name.startswith(("bitwise_", "__")):
-            return True
-    elif low.family != "reduction" and func not in _SOFTMAXES:
-        return False
-    for a in (*args, *kwargs.values()):
-        if isinstance(a, TpuTensor) and not (a.dtype.is_floating_point or a.dtype.is_complex):
-            return True
-    return False
-
-
-_SOFTMAXES = (aten._softmax.default, aten._log_softmax.default)
-_CLASS_TARGETS = (aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
-_SORTS = (aten.sort.default, aten.sort.stable, aten.topk.default, aten.argsort.default, aten.argsort.stable)
-_INDEX_ARGUMENTS = ("index", "indices", "offsets")
-
-
-def _float_index_argument(func, args, kwargs) -> bool:
-    """An index-family call with a floating index tensor (an index computed by a division):
-    CPU rejects its dtype before anything else, and XLA would fail only at the flush. Valid
-    calls are never probed, so the probe's stand-ins cannot trip on these ops' shape rules."""
-    for i, a in enumerate(func._schema.arguments):
-        if a.name in _INDEX_ARGUMENTS:
-            v = args[i] if i < len(args) else kwargs.get(a.name)
-            if isinstance(v, TpuTensor) and (v.dtype.is_floating_point or v.dtype.is_complex):
-                return True
-    return False
-
-
 def _make_recipe(func, spec, key, args, kwargs, low=None, host=False) -> Recipe:
     low = low if low is not None else LOWERINGS.get(func)
-    if _needs_cpu_probe(func, low, args, kwargs):
+    if needs_cpu_probe(func, low, args, kwargs):
         run_cpu_probe(func, args, kwargs)
     try:
         if low is not None and low.meta is not None:
@@ -711,7 +663,7 @@ def _check_meta(func, key, args, kwargs) -> None:
         run_meta(func, args, kwargs)
     except NotImplementedError:
         pass  # no meta kernel: the functional op's own checks still run
-    if func in _FUNCTIONAL and _needs_cpu_probe(func, LOWERINGS.get(_FUNCTIONAL[func][1]), args, kwargs):
+    if func in _FUNCTIONAL and needs_cpu_probe(func, LOWERINGS.get(_FUNCTIONAL[func][1]), args, kwargs):
         run_cpu_probe(func, args, kwargs)
     _CHECKED.add(key)
 
@@ -818,24 +770,11 @@ def _classify(func) -> Callable:
         route = special.checked_fill(pos, route)
     name = func.__name__.split(".")[0]
     if (name.endswith("_like") or name.startswith("new_")) and any(a.name == "device" for a in func._schema.arguments):
-        route = _elsewhere(route)
+        route = special.elsewhere(route)
     return route
 
 
-def _elsewhere(route: Callable) -> Callable:
-    """`torch.zeros_like(t, device="cpu")`, `t.new_empty(n, device="cpu")`: the tpu tensor of a
-    `*_like` or `new_*` factory only gives the shape and dtype of a result asked for elsewhere. The call runs there,
-    over a meta stand-in for the tpu tensor (which it reads nothing from)."""
-    def routed(func, args, kwargs):
-        device = kwargs.get("device")
-        if device is None or torch.device(device).type == "tpu":
-            return route(func, args, kwargs)
-        from .meta import to_meta
 
-        with torch.utils._python_dispatch._disable_current_modes():
-            return func(*to_meta(args), **kwargs)
-
-    return routed
 
 
 def _classify_plain(func) -> Callable:

@@ -20,6 +20,8 @@ import torch
 from . import dtypes
 from .tensor import LAYOUTS, TpuTensor
 
+aten = torch.ops.aten
+
 T, TOPT, TLIST, SCALAR, SCALAR_OPT, SCALAR_LIST, STATIC = range(7)
 
 _KIND_OF_TYPE = {
@@ -272,6 +274,54 @@ def run_meta(func, args: tuple, kwargs: dict):
         # the real call warns (at the user's line) if it must; the meta rehearsal stays quiet
         warnings.simplefilter("ignore")
         return func(*margs, **mkwargs)
+
+
+def needs_cpu_probe(func, low, args, kwargs) -> bool:
+    """Ops whose CPU kernel may reject what the meta kernel lets through, and whose result
+    cannot depend on their inputs' shapes beyond broadcasting and valid dims: elementwise ones
+    that are in-place (the result type must cast into the target), bitwise or shifts, and
+    elementwise ops, reductions and softmaxes on integer or bool tensors (CPU has no integer
+    std or softmax; deferfuse returned integer results), index ops given a floating index,
+    random ops (their arguments' ranges) and nll_loss given class targets that are not int64."""
+    if low is None:
+        return False
+    if low.family == "index":
+        return _float_index_argument(func, args, kwargs)
+    if low.family == "random":  # their argument checks (from < to, p in [0, 1], std >= 0)
+        return any(type(a) is TpuTensor for a in args)
+    if func in _CLASS_TARGETS:  # CPU wants int64 (or uint8) class targets
+        return isinstance(args[1], TpuTensor) and args[1].dtype not in (torch.int64, torch.uint8)
+    if (low.family in ("elementwise", "reduction") or func in _SORTS) and any(
+            type(a) is TpuTensor and a.dtype.is_complex for a in args):
+        return True  # complex numbers have no order: CPU refuses lt, maximum, clamp, sort on them
+    if low.family == "elementwise":
+        name = func._overloadpacket.__name__
+        if name.endswith("_") or name.startswith(("bitwise_", "__")):
+            return True
+    elif low.family != "reduction" and func not in _SOFTMAXES:
+        return False
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, TpuTensor) and not (a.dtype.is_floating_point or a.dtype.is_complex):
+            return True
+    return False
+
+
+_SOFTMAXES = (aten._softmax.default, aten._log_softmax.default)
+_CLASS_TARGETS = (aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
+_SORTS = (aten.sort.default, aten.sort.stable, aten.topk.default, aten.argsort.default, aten.argsort.stable)
+_INDEX_ARGUMENTS = ("index", "indices", "offsets")
+
+
+def _float_index_argument(func, args, kwargs) -> bool:
+    """An index-family call with a floating index tensor (an index computed by a division):
+    CPU rejects its dtype before anything else, and XLA would fail only at the flush. Valid
+    calls are never probed, so the probe's stand-ins cannot trip on these ops' shape rules."""
+    for i, a in enumerate(func._schema.arguments):
+        if a.name in _INDEX_ARGUMENTS:
+            v = args[i] if i < len(args) else kwargs.get(a.name)
+            if isinstance(v, TpuTensor) and (v.dtype.is_floating_point or v.dtype.is_complex):
+                return True
+    return False
 
 
 def run_cpu_probe(func, args: tuple, kwargs: dict, real_only: bool = False) -> None:

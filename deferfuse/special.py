@@ -512,6 +512,22 @@ def checked_fill(pos: int, route):
     return route_fill
 
 
+def elsewhere(route):
+    """A route for `*_like` and `new_*` factories: `torch.zeros_like(t, device="cpu")` takes
+    only a shape and dtype from the tpu tensor, and runs on the device asked for, over a meta
+    stand-in for it (which it reads nothing from)."""
+    def routed(func, args, kwargs):
+        device = kwargs.get("device")
+        if device is None or torch.device(device).type == "tpu":
+            return route(func, args, kwargs)
+        from .meta import to_meta
+
+        with torch.utils._python_dispatch._disable_current_modes():
+            return func(*to_meta(args), **kwargs)
+
+    return routed
+
+
 def scalar_twin(pos: int, twin, route):
     def route_value(func, args, kwargs):
         v = args[pos] if len(args) > pos else kwargs.get("value")
@@ -550,3 +566,4 @@ HANDLERS = {
     aten.index_put_.default: route_index_put,
     aten._unsafe_index_put.default: route_index_put,
 }
+

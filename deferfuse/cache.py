@@ -147,7 +147,8 @@ def _replaces(g: Graph, grp) -> dict[int, int]:
 _PLANS: dict[Key, Plan] = {}
 # Most recent plan per flush site, to explain a recompile by what changed in the key.
 _LAST_AT_SITE: dict[Any, Key] = {}
-_ONE_OP_CAUSES = ("strict_op", "debug_op")
+# flush causes of Strict and Debug, which flush each top-level op on its own
+ONE_OP_CAUSES = ("strict_op", "debug_op")
 
 
 def lookup(key: Key) -> Plan | None:
@@ -192,7 +193,7 @@ def execute(g: Graph, out_refs: tuple, cause: str, where) -> tuple[list, Plan, b
     why = None
     if not hit:
         site = where if where is not None else cause
-        if cause in _ONE_OP_CAUSES:
+        if cause in ONE_OP_CAUSES:
             # Strict and Debug flush each op: the many ops of one line (an optimizer step's) are
             # different programs, not recompiles of one; a recompile is the same op again
             site = (site, tuple(n.op.name for n in g.nodes))

@@ -220,8 +220,8 @@ _TIMING = events.TIMING
 
 
 def emit(r: Recipe, tensors, scalars, key=None):
-    """Record one node and return its outputs as tpu tensors (the recording hot path). `key`:
-    the (seed, counter) of a random op given its own generator."""
+    """Record one node and return its outputs as tpu tensors (the recording hot path). `key`: a
+    random op's (seed, counter) when the caller drew it (`rng.key_for`: its generator's)."""
     if r.rng:
         scalars.extend(key or rng.next_key())
     op = r.op
@@ -303,9 +303,7 @@ def route_lowered(func, args, kwargs):
         if low.supports is not None and not low.supports(*_meta_args(args, kwargs)):
             return fallback.run(func, args, kwargs, reason="unsupported arguments")
         r = _RECIPES[key] = _make_recipe(func, spec, key, args, kwargs, low)
-    if r.rng and kwargs and kwargs.get("generator") is not None:
-        return emit(r, tensors, scalars, rng.key_from(kwargs["generator"]))
-    return emit(r, tensors, scalars)
+    return emit(r, tensors, scalars, rng.key_for(kwargs) if r.rng else None)
 
 
 def _meta_args(args, kwargs):
@@ -708,8 +706,7 @@ def _replaceable(r: Recipe, target) -> bool:
 
 def _emit_into(r: Recipe, tensors, scalars, target, kwargs) -> None:
     if r.rng:
-        gen = kwargs.get("generator") if kwargs else None
-        scalars.extend(rng.next_key() if gen is None else rng.key_from(gen))
+        scalars.extend(rng.key_for(kwargs))
     g, base = _record(r.op, tensors, scalars)
     if type(target) is list or type(target) is tuple:
         for k, t in enumerate(target):
@@ -772,9 +769,6 @@ def _classify(func) -> Callable:
     if (name.endswith("_like") or name.startswith("new_")) and any(a.name == "device" for a in func._schema.arguments):
         route = special.elsewhere(route)
     return route
-
-
-
 
 
 def _classify_plain(func) -> Callable:

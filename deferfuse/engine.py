@@ -268,7 +268,7 @@ def _recover(g: Graph, live: list, exc: Exception, cause: str, where) -> None:
     # Strict and Debug flush one op at a time: a tensor the failed op was writing keeps the value
     # it had, as on CPU. In a longer DeferAndFuse graph that value is unknown (earlier writes may
     # have succeeded), so the tensor carries the error instead.
-    one_op = cause in _ONE_OP_FLUSHES
+    one_op = cause in cache.ONE_OP_CAUSES
     for s in live:
         v = values.get(s.ref)
         if v is None and one_op and id(s) in g.prior:
@@ -280,7 +280,6 @@ def _recover(g: Graph, live: list, exc: Exception, cause: str, where) -> None:
     raise error
 
 
-_ONE_OP_FLUSHES = ("strict_op", "debug_op")
 _FLUSH_ERRORS: dict[type, type] = {}
 
 

@@ -289,7 +289,7 @@ def needs_cpu_probe(func, low, args, kwargs) -> bool:
         return _float_index_argument(func, args, kwargs)
     if low.family == "random":  # their argument checks (from < to, p in [0, 1], std >= 0)
         return any(type(a) is TpuTensor for a in args)
-    if func in _CLASS_TARGETS:  # CPU wants int64 (or uint8) class targets
+    if func in CLASS_TARGETS:  # CPU wants int64 (or uint8) class targets
         return isinstance(args[1], TpuTensor) and args[1].dtype not in (torch.int64, torch.uint8)
     if (low.family in ("elementwise", "reduction") or func in _SORTS) and any(
             type(a) is TpuTensor and a.dtype.is_complex for a in args):
@@ -307,7 +307,7 @@ def needs_cpu_probe(func, low, args, kwargs) -> bool:
 
 
 _SOFTMAXES = (aten._softmax.default, aten._log_softmax.default)
-_CLASS_TARGETS = (aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
+CLASS_TARGETS = (aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)  # nll_loss's kernels
 _SORTS = (aten.sort.default, aten.sort.stable, aten.topk.default, aten.argsort.default, aten.argsort.stable)
 _INDEX_ARGUMENTS = ("index", "indices", "offsets")
 

@@ -82,6 +82,13 @@ def key_from(gen) -> tuple[int, int]:
     return seed, 0
 
 
+def key_for(kwargs) -> tuple[int, int]:
+    """The key of a random op called with these keyword arguments: from its generator if it was
+    given one, else the next of the global stream."""
+    gen = kwargs.get("generator") if kwargs else None
+    return next_key() if gen is None else key_from(gen)
+
+
 class _GeneratorType(type(torch._C.Generator)):
     def __instancecheck__(cls, obj) -> bool:
         return isinstance(obj, torch._C.Generator)

@@ -274,19 +274,16 @@ def resize(t: TpuTensor, size: tuple) -> None:
     which resizes the empty slice it was given); otherwise it gets a fresh storage, keeping the
     old contents as a prefix."""
     from .dispatch import set_metadata
-    from .views import contiguous_strides
 
     size = tuple(size)
-    stride = contiguous_strides(size)
-    off = tensor.offset_of(t)
-    if t._st.copy_of is None and off + math.prod(size) <= t._st.numel:
+    stride = views.contiguous_strides(size)
+    off = offset_of(t)
+    n = math.prod(size)
+    if t._st.copy_of is None and off + n <= t._st.numel:
         set_metadata(t, size, stride, off)
         return
     old_numel = t.numel()
     new = Storage(None, size, t.dtype)
-    n = 1
-    for d in size:
-        n *= d
     if old_numel and n:
         keep = min(old_numel, n)
         flat_old = t.detach().reshape(-1)[:keep]
@@ -566,4 +563,3 @@ HANDLERS = {
     aten.index_put_.default: route_index_put,
     aten._unsafe_index_put.default: route_index_put,
 }
-

@@ -133,11 +133,6 @@ def _plan_nested(numel: int, order, offset: int):
     return (bshape, tuple((d, n) for d, n, _ in order))
 
 
-def _nested_starts(bshape, offset):
-    strides = contiguous_strides(bshape)
-    return [(offset // s) % n for n, s in zip(bshape, strides)]
-
-
 def _nested_flat(value, bshape):
     flat = value.reshape(-1)
     used = math.prod(bshape)
@@ -200,7 +195,7 @@ def read(value, plan: tuple, offset):
         b = _nested_flat(value, bshape)
         sizes = [n for _, n in dims] + [1]
         x = lax.slice(b, [0] * len(bshape), sizes) if zero else lax.dynamic_slice(
-            b, _nested_starts(bshape, offset), sizes)
+            b, _unravel(offset, bshape, contiguous_strides(bshape)), sizes)
         x = x.reshape(sizes[:-1])
         in_order = [d for d, _ in dims]
         view_order = sorted(in_order)
@@ -261,7 +256,7 @@ def write(value, plan: tuple, offset, new):
         if in_order != view_order:
             x = jnp.transpose(x, [view_order.index(d) for d in in_order])
         x = x.reshape([n for _, n in dims] + [1])
-        starts = [0] * len(bshape) if zero else _nested_starts(bshape, offset)
+        starts = [0] * len(bshape) if zero else _unravel(offset, bshape, contiguous_strides(bshape))
         b = lax.dynamic_update_slice(_nested_flat(value, bshape), x, starts).reshape(-1)
         flat = value.reshape(-1)
         if b.shape[0] != flat.shape[0]:

@@ -18,6 +18,7 @@ import torch
 
 from .. import backward, engine, modes, sources
 from ..config import CONFIG
+from ..meta import CLASS_TARGETS
 from ..tensor import TpuTensor
 from .base import EagerMode, Executor
 
@@ -75,7 +76,7 @@ class DebugExecutor(Executor):
                 _check_offsets(func, args, kwargs)
         elif func is aten.multinomial.default:
             _check_weights(func, args, kwargs)
-        elif func in _CLASS_TARGETS:
+        elif func in CLASS_TARGETS:
             _check_targets(func, args, kwargs)
         elif func is aten.binary_cross_entropy.default:
             _check_probabilities(func, args, kwargs)
@@ -153,9 +154,6 @@ def _check_indices(func, spec, args, kwargs) -> None:
         lo, hi = int(jnp.min(v)), int(jnp.max(v))
         if lo < 0 or hi >= n:
             _raise_like_cpu(func, args, kwargs, f"index {hi if hi >= n else lo} is out of bounds for size {n}")
-
-
-_CLASS_TARGETS = (aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
 
 
 def _check_targets(func, args, kwargs) -> None:

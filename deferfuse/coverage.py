@@ -18,7 +18,7 @@ from collections import Counter, defaultdict
 import torch
 
 import deferfuse  # noqa: F401  (registers the device and the lowerings)
-from . import dispatch, special
+from . import dispatch, mutation, special
 from .lowering import LOWERINGS
 
 aten = torch.ops.aten
@@ -70,7 +70,7 @@ def served(op) -> tuple[str, str]:
     if name == "route_inplace_view":
         return "view", "in-place metadata change"
     if name == "route_mutating":
-        kind = dispatch._FUNCTIONAL[op]
+        kind = mutation._FUNCTIONAL[op]
         inner = served(kind[1])[0]
         return "mutation", f"{kind[1]} ({inner}) then a write into the target"
     if name == "route_decomposed":

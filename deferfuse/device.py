@@ -191,10 +191,10 @@ def _follow_default_dtype() -> None:
     """torch.set_default_dtype changes what `torch.ones(2, device="tpu")` or `arange(3) / 2`
     makes, but not the call's signature, under which deferfuse caches what a call makes: the
     caches that hold output dtypes are emptied when the default changes."""
-    from . import dispatch, expansion, special
+    from . import dispatch, expansion, mutation, special
 
     def forget():
-        for cache in (dispatch._RECIPES, dispatch._INPLACE, expansion._KEPT, special._UNINIT):
+        for cache in (dispatch._RECIPES, mutation._INPLACE, expansion._KEPT, special._UNINIT):
             cache.clear()
 
     for name in ("set_default_dtype", "set_default_tensor_type"):

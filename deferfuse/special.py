@@ -18,7 +18,7 @@ from .config import CONFIG
 from .dtypes import cast, to_jax_dtype
 from .events import METRICS
 from .graph import Op
-from .meta import run_meta
+from .meta import cpu_error_instead, run_meta
 from .tensor import (LAYOUTS, Storage, TpuTensor, from_concrete, host_to_jax, jax_to_host, layout_id, new_tensor,
                      offset_of)
 
@@ -333,9 +333,12 @@ def _eager_nonzero(args, kwargs):
 
 def _eager_masked_select(args, kwargs):
     x, mask = args[0], args[1]
+    try:
+        shape = jnp.broadcast_shapes(tuple(x.shape), tuple(mask.shape))
+    except ValueError as err:  # JAX's error type and words: CPU raises RuntimeError
+        cpu_error_instead(aten.masked_select.default, args, kwargs, err)
     xv = engine.concrete(x, "data_dependent", _where())
     mv = engine.concrete(mask, "data_dependent", _where()) if isinstance(mask, TpuTensor) else jnp.asarray(mask.numpy())
-    shape = jnp.broadcast_shapes(xv.shape, mv.shape)
     out = jnp.broadcast_to(xv, shape)[jnp.broadcast_to(mv, shape)]
     return from_concrete(out, x.dtype)
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import deferfuse
-from conftest import check_all_modes, check_raises_like_cpu
+from conftest import MODES, check_all_modes, check_raises_like_cpu
 
 
 def base(device):
@@ -434,3 +434,21 @@ def test_a_mask_of_the_wrong_shape_raises_like_cpu(case, mode):
     """Its nonzero positions were taken as indices: the wrong rows came back, silently."""
     mask = torch.tensor([True, False, True, True, False, True])
     check_raises_like_cpu(lambda d: _BAD_MASKS[case](torch.arange(6.0).reshape(2, 3).to(d), mask.to(d)), mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_masked_select_with_a_mask_that_does_not_broadcast_raises_like_cpu(mode):
+    """JAX's ValueError and its wording came through; the inputs, pending ones too, stay usable."""
+    def run(d):
+        x = torch.arange(6.0).reshape(2, 3).to(d) * 2
+        mask = torch.tensor([True, False, True]).to(d)
+        with pytest.raises(RuntimeError) as err:
+            torch.masked_select(x, mask[:2])
+        return err.value, torch.masked_select(x, mask), x, mask
+
+    cpu_err, *expected = run("cpu")
+    with deferfuse.mode(mode):
+        err, *got = run("tpu")
+        got = [t.cpu() for t in got]
+    assert type(err) is type(cpu_err) and str(err) == str(cpu_err)
+    torch.testing.assert_close(got, expected)

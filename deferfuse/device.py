@@ -46,9 +46,12 @@ def _make_module() -> types.ModuleType:
     def synchronize(device=None) -> None:
         from .api import sync
 
+        _check_ordinal(device)
         sync(cause="synchronize", depth=3)
 
     def get_device_name(device=None) -> str:
+        if device_index(device) != 0:
+            raise AssertionError("Invalid device id")  # torch.cuda.get_device_properties' check
         return str(jax_device())
 
     def get_amp_supported_dtype() -> list:
@@ -60,9 +63,7 @@ def _make_module() -> types.ModuleType:
         map_location and checkpointing's RNG bookkeeping use it, as with torch.cuda.device)."""
 
         def __init__(self, index):
-            idx = index.index if isinstance(index, torch.device) else index
-            if idx not in (None, -1, 0):
-                raise RuntimeError(f"deferfuse: there is one tpu device (tpu:0), got index {idx}")
+            _check_ordinal(index)
 
         def __enter__(self):
             return self
@@ -94,6 +95,26 @@ def _make_module() -> types.ModuleType:
     mod.get_rng_state = rng.get_rng_state
     mod.set_rng_state = rng.set_rng_state
     return mod
+
+
+def device_index(device) -> int:
+    """The index `device` names, read as torch.cuda reads one (its _get_device_index): None and
+    "tpu" name the current device, 0; a device of another type is its ValueError."""
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != NAME:
+            raise ValueError(f"Expected a {NAME} device, but got: {device}")
+        device = device.index
+    return 0 if device is None else device
+
+
+def _check_ordinal(device) -> None:
+    """torch.cuda.device and synchronize take a negative index as "no change" and fail on one past
+    the last device when they select it ("CUDA error: invalid device ordinal")."""
+    if device_index(device) not in (-1, 0):
+        raise torch.AcceleratorError(f"deferfuse: invalid device ordinal: there is one tpu device (tpu:0), "
+                                     f"got {device}")
 
 
 class _Hooks(torch._C._acc.PrivateUse1Hooks):

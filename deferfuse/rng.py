@@ -45,13 +45,26 @@ def next_key() -> tuple[int, int]:
 
 
 def get_rng_state(device=None) -> torch.Tensor:
+    _check_device(device)
     return torch.tensor([_seed, _counter], dtype=torch.int64).view(torch.uint8)
 
 
 def set_rng_state(state: torch.Tensor, device=None) -> None:
     global _seed, _counter
+    _check_device(device)
     s, c = state.view(torch.int64).tolist()
     _seed, _counter = int(s), int(c)
+
+
+def _check_device(device) -> None:
+    """torch.cuda's RNG state functions index a tuple of per-device generators: an index past the
+    last device is an IndexError there (a negative one, torch.device's RuntimeError)."""
+    from .device import NAME, device_index
+
+    if isinstance(device, int):
+        device = torch.device(NAME, device)
+    if device_index(device) != 0:
+        raise IndexError(f"deferfuse: there is one tpu device (tpu:0), got {device} (tuple index out of range)")
 
 
 def key(seed_value, counter):

@@ -386,6 +386,32 @@ def test_torch_tpu_module():
     torch.tpu.synchronize()
 
 
+# torch.cuda's own errors for a device it lacks: selecting it fails ("invalid device ordinal"),
+# the RNG state functions index a tuple of generators, the name is read through an assert
+_BY_DEVICE = {
+    "synchronize": (lambda d: torch.tpu.synchronize(d), torch.AcceleratorError),
+    "device": (lambda d: torch.tpu.device(d).__enter__(), torch.AcceleratorError),
+    "set_device": (lambda d: torch.tpu.set_device(d), torch.AcceleratorError),
+    "get_rng_state": (lambda d: torch.tpu.get_rng_state(d), IndexError),
+    "set_rng_state": (lambda d: torch.tpu.set_rng_state(torch.tpu.get_rng_state(), device=d), IndexError),
+    "get_device_name": (lambda d: torch.tpu.get_device_name(d), AssertionError),
+}
+
+
+@pytest.mark.parametrize("fn", sorted(_BY_DEVICE))
+def test_torch_tpu_refuses_a_device_it_lacks_as_torch_cuda_does(fn):
+    """Any index was taken for the one device: synchronize(1) synchronized tpu:0."""
+    call, error = _BY_DEVICE[fn]
+    for ok in (None, 0, "tpu", "tpu:0", torch.device("tpu"), torch.device("tpu", 0)):
+        call(ok)
+    for bad in (1, 5, "tpu:1", torch.device("tpu", 1)):
+        with pytest.raises(error):
+            call(bad)
+    for other in ("cuda:0", "cpu", torch.device("cpu")):
+        with pytest.raises(ValueError, match="Expected a tpu device"):
+            call(other)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_backward_runs_on_the_calling_thread(mode):
     """Autograd would hand a non-CPU device's backward to a worker thread; deferfuse keeps it on

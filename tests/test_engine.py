@@ -304,6 +304,24 @@ def test_a_device_index_past_the_one_device_raises(call):
     assert torch.zeros(2, device="tpu:0").device == torch.device("tpu", 0)
 
 
+_CPU_BESIDE_TPU = {
+    "searchsorted values": lambda s, v: torch.searchsorted(s.to("tpu"), v),
+    "searchsorted sorted": lambda s, v: torch.searchsorted(s, v.to("tpu")),
+    "bucketize boundaries": lambda s, v: torch.bucketize(v.to("tpu"), s),
+    "bucketize input": lambda s, v: torch.bucketize(v, s.to("tpu")),
+    "bincount weights": lambda s, v: torch.bincount(torch.tensor([0, 1, 1, 3]).to("tpu"), weights=s),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_CPU_BESIDE_TPU))
+def test_a_cpu_tensor_beside_tpu_ones_in_a_cpu_fallback_raises_a_device_error(case):
+    """A CPU fallback copied the tpu tensors to the host and took the CPU one as it was; CUDA
+    refuses it."""
+    s, v = torch.tensor([0.0, 1.0, 2.0, 3.0]), torch.tensor([0.5, 2.5, 0.0, 3.0])
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        _CPU_BESIDE_TPU[case](s, v)
+
+
 def test_writing_a_cpu_scalar_tensor_from_a_tpu_one_raises_a_device_error():
     """`cpu_0dim.add_(tpu_0dim)` raised AttributeError ('_st'), an internal attribute."""
     x = torch.tensor(1.0)

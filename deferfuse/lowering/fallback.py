@@ -48,12 +48,26 @@ def _note(func, reason: str) -> None:
 
 
 def run(func, args, kwargs, reason: str = "no lowering", record: bool = True):
+    walked = _walk(func, args, kwargs)
     _note(func, reason)
-    if record and not func._schema.is_mutable:
-        recorded = _try_record(func, args, kwargs)
+    if record and walked is not None and not func._schema.is_mutable:
+        recorded = _try_record(func, args, kwargs, *walked)
         if recorded is not NotImplemented:
             return recorded
     return run_now(func, args, kwargs)
+
+
+def _walk(func, args, kwargs):
+    """The call's signature walk, which also raises PyTorch's error for a CPU tensor (other than
+    a 0-dim one) beside tpu tensors, as a lowered op does: run on the host, the call would take
+    it (`searchsorted(sorted_tpu, values_cpu)`). None where the walk cannot key the call."""
+    from ..dispatch import spec_of
+    from ..meta import signature
+
+    try:
+        return signature(spec_of(func), args, kwargs)
+    except TypeError:
+        return None
 
 
 def _sparse(func, x: torch.Tensor):
@@ -71,15 +85,10 @@ def _sparse(func, x: torch.Tensor):
     return from_concrete(jax.numpy.zeros(tuple(x.shape), to_jax_dtype(x.dtype)), x.dtype)
 
 
-def _try_record(func, args, kwargs):
+def _try_record(func, args, kwargs, key, tensors, scalars):
     from ..dispatch import _RECIPES, _make_recipe, emit, spec_of
-    from ..meta import signature
 
     spec = spec_of(func)
-    try:
-        key, tensors, scalars = signature(spec, args, kwargs)
-    except (RuntimeError, TypeError):
-        return NotImplemented
     hkey = ("host", key)
     r = _RECIPES.get(hkey)
     if r is None:

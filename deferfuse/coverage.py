@@ -64,7 +64,7 @@ def served(op) -> tuple[str, str]:
     if op in special.HANDLERS:
         return "special", special.HANDLERS[op].__name__
     route = dispatch._classify(op)
-    name = route.__name__
+    name = getattr(route, "inner", route).__name__
     if name in ("route_view", "route_as_strided", "route_alias"):
         return "view", "metadata over the shared storage; nothing computed"
     if name == "route_inplace_view":

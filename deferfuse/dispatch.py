@@ -531,6 +531,9 @@ def _classify(func) -> Callable:
     pos = special.FILL_VALUES.get(func)
     if pos is not None:
         route = special.checked_fill(pos, route)
+    keyword = special.CAST_KEYWORDS.get(func)
+    if keyword is not None:
+        route = special.cast_keyword(keyword, route)
     name = func.__name__.split(".")[0]
     if (name.endswith("_like") or name.startswith("new_")) and any(a.name == "device" for a in func._schema.arguments):
         route = special.elsewhere(route)

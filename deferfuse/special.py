@@ -505,11 +505,40 @@ def checked_fill(pos: int, route):
         elif dtype is None and type(v) is float:  # full / scalar_tensor infer the default dtype
             dtype = torch.get_default_dtype()
         if dtype is not None and type(v) in (int, float) and dtype != torch.bool:
-            with torch.utils._python_dispatch._disable_current_modes():
-                torch.empty((), dtype=dtype).fill_(v)  # raises CPU's overflow error
+            cpu_cast(v, dtype)
         return route(func, args, kwargs)
 
     return route_fill
+
+
+def cpu_cast(v, dtype: torch.dtype):
+    """A Python number as CPU converts it to `dtype` (2.5 to 2 for integers), or CPU's error for
+    one that does not fit."""
+    with torch.utils._python_dispatch._disable_current_modes():
+        return torch.empty((), dtype=dtype).fill_(v).item()
+
+
+# Ops whose CPU kernel converts a keyword number to the tensor's dtype before using it: index_add
+# adds 2 * source to an integer tensor for alpha=2.5 (PyTorch's meta kernel refuses that alpha
+# outright, and XLA would truncate only the product), and raises for alpha=300 on int8.
+CAST_KEYWORDS = {
+    aten.index_add.default: "alpha",
+    aten.index_add_.default: "alpha",
+    aten.index_add.out: "alpha",
+}
+
+
+def cast_keyword(name: str, route):
+    def route_cast(func, args, kwargs):
+        v = kwargs.get(name)
+        dtype = args[0].dtype
+        if type(v) in (int, float, complex) and not dtype.is_complex and (
+                type(v) is complex or not dtype.is_floating_point):
+            kwargs = dict(kwargs, **{name: cpu_cast(v, dtype)})
+        return route(func, args, kwargs)
+
+    route_cast.inner = route  # what the in-place fast path and the coverage table look for
+    return route_cast
 
 
 def elsewhere(route):

@@ -353,6 +353,40 @@ def test_index_ops_given_a_float_index_raise_cpus_error_at_the_call(case):
     check_raises_like_cpu(_FLOAT_INDEX_CALLS[case], "defer_and_fuse")
 
 
+@pytest.mark.parametrize("alpha", [2.5, -2.7, 3])
+def test_index_add_converts_alpha_to_an_integer_tensors_dtype_as_cpu_does(alpha):
+    """CPU's kernel truncates a float alpha for integers (2.5 adds the source twice); PyTorch's
+    meta kernel refused it, so tpu raised where CPU runs."""
+    def run(d):
+        x = torch.arange(8).reshape(4, 2).to(d)
+        idx, src = torch.tensor([0, 2, 0]).to(d), torch.tensor([[3, 4], [5, 6], [7, 8]]).to(d)
+        out = torch.empty_like(x)
+        torch.index_add(x, 0, idx, src, alpha=alpha, out=out)
+        y = x.clone()
+        y.index_add_(0, idx, src, alpha=alpha)
+        y.index_add_(0, idx, src, alpha=alpha + 0.6)  # the same signature: the in-place fast path
+        return [x.index_add(0, idx, src, alpha=alpha), out, y]
+
+    check_all_modes(run)
+
+
+_ALPHAS_THAT_DO_NOT_FIT = {"300 on int8": (torch.int8, 300), "-1.5 on uint8": (torch.uint8, -1.5),
+                           "1j on int64": (torch.int64, 1j)}
+
+
+@pytest.mark.parametrize("case", sorted(_ALPHAS_THAT_DO_NOT_FIT))
+@pytest.mark.parametrize("inplace", [False, True])
+def test_index_add_given_an_alpha_the_tensor_cannot_hold_raises_like_cpu(case, inplace):
+    dtype, alpha = _ALPHAS_THAT_DO_NOT_FIT[case]
+
+    def run(d):
+        x = torch.zeros(3, dtype=dtype).to(d)
+        args = (0, torch.tensor([0, 1]).to(d), torch.ones(2, dtype=dtype).to(d))
+        return x.index_add_(*args, alpha=alpha) if inplace else x.index_add(*args, alpha=alpha)
+
+    check_raises_like_cpu(run, "defer_and_fuse")
+
+
 _STRIDED_WRITES = {
     # a diagonal of a batch of matrices: strides that do not nest, but never meet
     "batched diagonal fill_": lambda x: x.view(2, 3, 3).diagonal(dim1=1, dim2=2).fill_(7.0),

@@ -4,7 +4,7 @@ import warnings
 import pytest
 import torch
 
-from conftest import MODES, check_all_modes, check_raises_like_cpu
+from conftest import MODES, check_all_modes, check_raises_like_cpu, run_on
 
 
 def test_shift_operators_are_lowered():
@@ -95,3 +95,39 @@ def test_ordering_complex_numbers_raises_like_cpu(call):
     """They have no order; tpu compared or sorted something anyway."""
     z = torch.tensor([1 + 2j, 3 - 1j])
     check_raises_like_cpu(lambda d: call(z.to(d)), "strict")
+
+
+_ZERO_BASES = [0j, complex(-0.0, 0.0), complex(0.0, -0.0), complex(-0.0, -0.0)]
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_zero_to_a_power_of_positive_real_part_is_zero(dtype):
+    """CPU computes exp(y * log(0)) = exp(-inf + ...) = 0; XLA's pow gave NaN."""
+    base = torch.tensor(_ZERO_BASES + [1 + 1j], dtype=dtype)
+    exp = torch.tensor([0.5 + 1j, 2 - 3j, 1e-3 + 0j, 3 + 0j, 0.5 + 1j], dtype=dtype)
+
+    def run(d):
+        x, y = base.to(d), exp.to(d)
+        inplace = x.clone()
+        inplace.pow_(0.5 + 1j)
+        return [x ** y, torch.pow(x, 0.5 + 1j), torch.pow(x, 2 - 3j), inplace, torch.pow(0j, y),
+                x.real ** y, x ** y.real]
+
+    check_all_modes(run)
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])  # Debug raises on the NaNs
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_zero_to_other_powers_like_cpu(dtype, mode):
+    """0 ** 0 with a tensor exponent is NaN on CPU (XLA gave 1); a pure imaginary exponent is
+    NaN and a negative real part inf+nanj on both."""
+    base = torch.tensor(_ZERO_BASES + [1 + 1j], dtype=dtype)
+    exps = [0j, complex(-0.0, 0.0), 2j, -1 + 0j, -0.5 + 2j]
+
+    def run(d):
+        x = base.to(d)
+        return [x ** torch.tensor([e] * len(_ZERO_BASES + [1]), dtype=dtype).to(d) for e in exps] + \
+               [torch.pow(0j, torch.tensor(exps, dtype=dtype).to(d)), torch.pow(x, 0j), torch.pow(x, 2j)]
+
+    expected = run_on(run, "cpu", None)
+    torch.testing.assert_close(run_on(run, "tpu", mode), expected, equal_nan=True)

@@ -239,8 +239,22 @@ def _int_pow(x, y):
     return jnp.where(y < 0, neg, pos)
 
 
+def _complex_pow(x, y):
+    """CPU's complex pow is exp(y * log(x)) in C99 arithmetic, so a zero base gives 0 for an exponent
+    of positive real part and NaN for a zero exponent, where XLA's pow gives NaN and 1. The other
+    zero-base cases (pure imaginary: NaN, negative real part: inf+nanj) already agree; an infinite
+    imaginary part, whose result hangs on the zero's signs, is left to XLA."""
+    y = jnp.asarray(y)
+    dtype = jnp.result_type(x, y)
+    zero = x == 0
+    out = jnp.where(zero & (jnp.real(y) > 0) & ~jnp.isinf(jnp.imag(y)), jnp.zeros((), dtype), jnp.power(x, y))
+    return jnp.where(zero & (y == 0), jnp.full((), complex(math.nan, math.nan), dtype), out)
+
+
 @lowering(aten.pow.Tensor_Tensor, promote="default")
 def pow_tt(x, y):
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):
+        return _complex_pow(x, y)
     if jnp.issubdtype(x.dtype, jnp.inexact):
         return jnp.power(x, y)
     return _int_pow(x, y)
@@ -248,6 +262,8 @@ def pow_tt(x, y):
 
 @lowering(aten.pow.Scalar, promote="default")
 def pow_scalar(x, exponent):
+    if jnp.issubdtype(jnp.result_type(x), jnp.complexfloating):
+        return _complex_pow(x, exponent)
     if jnp.issubdtype(jnp.result_type(x), jnp.inexact):
         return jnp.power(x, exponent)
     return _int_pow(jnp.asarray(x), exponent)
@@ -272,6 +288,8 @@ def pow_ts(ctx, x, exponent):
         return jnp.sqrt(x)
     if not jnp.issubdtype(x.dtype, jnp.inexact):
         return _int_pow(x, jnp.asarray(exponent, x.dtype))
+    if isinstance(exponent, complex) and exponent.real > 0 and math.isfinite(exponent.imag):
+        return _complex_pow(x, exponent)
     return jnp.power(x, exponent)
 
 

@@ -101,7 +101,7 @@ def dispatch(func, args: tuple, kwargs: dict):
         out = route(func, args, kwargs)
     finally:
         _depth = 0
-    ex.after_op(func)
+    ex.after_op(func, out)
     return out
 
 
@@ -116,7 +116,7 @@ def _timed(ex, route, func, args, kwargs):
         out = route(func, args, kwargs)
     finally:
         _depth = 0
-    ex.after_op(func)
+    ex.after_op(func, out)
     m.record_seconds += (time.perf_counter() - t0) - (m.flush_seconds - f0) - (m.sync_wait_seconds - w0)
     return out
 

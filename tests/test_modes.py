@@ -82,6 +82,33 @@ def test_debug_binary_cross_entropy_of_a_non_probability_raises_like_cpu(bad):
     check_raises_like_cpu(lambda d: F.binary_cross_entropy(inp.to(d), tgt.to(d)), "debug")
 
 
+_SINGULAR = torch.tensor([[1.0, 2.0], [2.0, 4.0]])
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("call", [
+    lambda a: torch.linalg.inv(a),
+    lambda a: torch.inverse(a),
+    lambda a: torch.linalg.inv(torch.stack([torch.eye(2, device=a.device), a])),
+    lambda a: torch.linalg.solve(a, torch.ones(2, 1, device=a.device)),
+    lambda a: torch.linalg.matrix_power(a, -1),
+    lambda a: torch.linalg.cholesky(-a),
+], ids=["inv", "inverse", "inv_batched", "solve", "matrix_power", "cholesky"])
+def test_singular_linalg_raises_cpus_linalg_error(call, mode):
+    """The *_ex kernel under each leaves Inf in its result and the failure in `info`; Debug
+    flagged the Inf before linalg.inv could check `info` and raise CPU's LinAlgError."""
+    from conftest import check_raises_like_cpu
+
+    err = check_raises_like_cpu(lambda d: call(_SINGULAR.to(d)), mode)
+    assert isinstance(err, torch.linalg.LinAlgError)
+
+
+def test_debug_leaves_the_ex_kernels_failures_to_their_info():
+    """inv_ex and solve_ex report a singular input in `info` and raise nothing, as on CPU."""
+    check_all_modes(lambda d: [*torch.linalg.inv_ex(_SINGULAR.to(d)),
+                               *torch.linalg.solve_ex(_SINGULAR.to(d), torch.ones(2, 1).to(d))])
+
+
 def test_debug_lets_index_fills_negative_indices_through():
     """index_fill takes negative indices from the end, as advanced indexing does; Debug flagged
     them as out of range."""

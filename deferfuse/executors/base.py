@@ -4,7 +4,7 @@ An executor does not run ops itself (the engine records and the cache runs); it 
 the pending graph is flushed and what is checked around it:
 
 - `before_op(func, args, kwargs)`: called for each top-level op before it is recorded.
-- `after_op(func)`: called when a top-level op has returned.
+- `after_op(func, out)`: called when a top-level op has returned `out`.
 - `on_exit()`: called when a `with deferfuse.mode(...)` block of this kind ends.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ class Executor:
     def before_op(self, func, args, kwargs) -> None:
         pass
 
-    def after_op(self, func) -> None:
+    def after_op(self, func, out) -> None:
         pass
 
     def on_exit(self) -> None:

@@ -3,6 +3,7 @@
 - Floating outputs are checked for NaN/Inf. Only the op that *introduces* a non-finite value
   raises (its inputs and scalar arguments were finite), so an intentional `-inf` mask or a NaN
   already present upstream does not stop the run; DEFERFUSE_DEBUG_NAN_CHECK=0 turns it off.
+  Nor does one that reports the failure in an `info` output (linalg's *_ex kernels).
 - Indexing ops check their indices on the host first, and multinomial its weights; an
   out-of-range index or an invalid distribution raises exactly the exception CPU PyTorch raises
   (obtained by running the op on CPU), at the user's line.
@@ -83,7 +84,7 @@ class DebugExecutor(Executor):
         if CONFIG.debug_nan_check:
             self._inputs_finite = _all_finite(args, kwargs) and not _divides_by_a_zero_scalar(func, args)
 
-    def after_op(self, func) -> None:
+    def after_op(self, func, out) -> None:
         if not engine.STREAM.graph.nodes:
             return
         where = engine.STREAM.where or sources.user_frame(2)
@@ -93,11 +94,25 @@ class DebugExecutor(Executor):
             for st in done:
                 if st.dtype.is_floating_point or st.dtype.is_complex:
                     if not bool(jnp.isfinite(st.value).all()):
+                        if _reported_in_info(func, out):
+                            return
                         backward.raise_or_defer(RuntimeError(
                             f"deferfuse debug: {func} produced NaN or Inf from finite inputs "
                             f"(at {sources.fmt(where)}); set DEFERFUSE_DEBUG_NAN_CHECK=0 to disable this check"
                         ))
                         return
+
+
+def _reported_in_info(func, out) -> bool:
+    """linalg's *_ex kernels (inv_ex, solve_ex, cholesky_ex, ...) report a singular or indefinite
+    input in their `info` output and leave NaN or Inf in the others, as on CPU, for the caller to
+    decide: torch.linalg.inv checks `info` next and raises CPU's LinAlgError, inv_ex hands it to
+    the user. Flagging the values first replaced that LinAlgError with Debug's own error."""
+    names = [r.name for r in func._schema.returns]
+    if "info" not in names or not isinstance(out, (tuple, list)):
+        return False
+    info = out[names.index("info")]
+    return isinstance(info, TpuTensor) and bool((engine.concrete(info, "debug_op", None) != 0).any())
 
 
 def _divides_by_a_zero_scalar(func, args) -> bool:

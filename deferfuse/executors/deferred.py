@@ -27,7 +27,7 @@ _STREAM = engine.STREAM
 class DeferredExecutor(Executor):
     kind = EagerMode.DEFER_AND_FUSE
 
-    def after_op(self, func) -> None:
+    def after_op(self, func, out) -> None:
         """Runs after each top-level op: feed the period detector, cut or cap if due.
 
         The detector sees one hash per top-level op that recorded anything, so cuts always fall

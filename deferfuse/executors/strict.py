@@ -13,6 +13,6 @@ class StrictExecutor(Executor):
     kind = EagerMode.STRICT
     runs_eagerly = True
 
-    def after_op(self, func) -> None:
+    def after_op(self, func, out) -> None:
         if engine.STREAM.graph.nodes:
             engine.flush("strict_op", engine.STREAM.where)

@@ -486,3 +486,32 @@ def test_masked_select_with_a_mask_that_does_not_broadcast_raises_like_cpu(mode)
         got = [t.cpu() for t in got]
     assert type(err) is type(cpu_err) and str(err) == str(cpu_err)
     torch.testing.assert_close(got, expected)
+
+
+def _conv_bn_relu(d, channels_last="input"):
+    torch.manual_seed(0)
+    x, w = torch.randn(2, 3, 5, 6), torch.randn(4, 3, 3, 3)
+    if channels_last == "input":
+        x = x.to(memory_format=torch.channels_last)
+    else:
+        w = w.to(memory_format=torch.channels_last)
+    x, w = x.to(d).requires_grad_(), w.to(d).requires_grad_()
+    out = torch.nn.functional.conv2d(x, w, padding=1)
+    act = torch.relu(torch.nn.functional.batch_norm(out, None, None, training=True))
+    act.backward(torch.randn(act.shape).to(d))  # a contiguous gradient into channels_last outputs
+    return out, act, x.grad, w.grad
+
+
+@pytest.mark.parametrize("which", ["input", "weight"])
+@pytest.mark.parametrize("mode", ["strict", "debug", "defer_and_fuse"])
+def test_a_channels_last_convolution_keeps_cpus_layout(mode, which):
+    """CPU's convolution writes a channels_last output for a channels_last input or weight, and
+    its backward channels_last gradients; the meta kernel said contiguous, so `.view` worked on
+    tpu where CPU refuses it."""
+    want = _conv_bn_relu("cpu", which)
+    with deferfuse.mode(mode):
+        got = _conv_bn_relu("tpu", which)
+        torch.testing.assert_close([t.cpu() for t in got], list(want))
+        assert [t.stride() for t in got] == [t.stride() for t in want]
+        assert got[0].is_contiguous(memory_format=torch.channels_last)
+    check_raises_like_cpu(lambda d: _conv_bn_relu(d)[0].view(2, -1), mode)

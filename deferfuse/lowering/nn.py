@@ -12,6 +12,8 @@ import torch
 from jax import lax
 
 from ..dtypes import up_half as _up
+from ..meta import flatten_outputs, to_meta
+from ..views import contiguous_strides
 from .registry import aten, lowering
 
 
@@ -143,7 +145,40 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     )
 
 
-@lowering(aten.convolution.default, family="conv", promote="default", promote_args=("input", "weight", "bias"))
+def _cpu_conv_layout(func):
+    """The meta kernel leaves convolution outputs contiguous (a meta tensor cannot say which
+    backend would run), while CPU's backend writes channels_last outputs for a channels_last
+    input, weight or gradient, which the next batch_norm and relu keep. The call is rehearsed
+    on fake CPU tensors, which make that choice as CPU does, allocating nothing. Contiguous
+    arguments always give contiguous outputs, so they skip it (by their exact strides: a weight
+    with one input channel per group is contiguous and channels_last at once, and CPU reads
+    which one from the stride of that size-1 dim)."""
+    def fix(args, kwargs, leaves):
+        margs, mkwargs = to_meta(args), {k: to_meta(v) for k, v in kwargs.items()}
+        tensors = [a for a in (*margs, *mkwargs.values()) if isinstance(a, torch.Tensor)]
+        if all(tuple(t.stride()) == contiguous_strides(t.shape) for t in tensors):
+            return leaves
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        def fake(x):
+            if isinstance(x, torch.Tensor):
+                return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="cpu")
+            return x
+
+        try:
+            with FakeTensorMode():
+                out = func(*[fake(a) for a in margs], **{k: fake(v) for k, v in mkwargs.items()})
+                cpu, _ = flatten_outputs(out)
+                strides = [c.stride() for c in cpu]
+        except Exception:  # noqa: BLE001 - a call CPU refuses keeps the meta kernel's layout
+            return leaves
+        return [torch.empty_strided(m.shape, s, dtype=m.dtype, device="meta") for m, s in zip(leaves, strides)]
+
+    return fix
+
+
+@lowering(aten.convolution.default, family="conv", promote="default", promote_args=("input", "weight", "bias"),
+          meta_fix=_cpu_conv_layout(aten.convolution.default))
 def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     out = _conv(x, w, stride, padding, dilation, transposed, output_padding, groups)
     if bias is not None:
@@ -151,7 +186,7 @@ def convolution(x, w, bias, stride, padding, dilation, transposed, output_paddin
     return out
 
 
-@lowering(aten.convolution_backward.default, family="conv")
+@lowering(aten.convolution_backward.default, family="conv", meta_fix=_cpu_conv_layout(aten.convolution_backward.default))
 def convolution_backward(grad, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
                          output_mask):
     def fwd(xx, ww):

@@ -18,7 +18,7 @@ decorator, in one statement:
 - `rng=True`: the op gets a fresh JAX key as keyword `key`.
 - `ctx=True`: the function's first argument is a `LowerCtx` (output avals, meta inputs).
 - `meta_fix`: `(args, kwargs, meta_outputs) -> meta_outputs`, for the few ops whose meta kernel
-  disagrees with CPU PyTorch (the oracle) about an output dtype.
+  disagrees with CPU PyTorch (the oracle) about an output dtype or layout.
 
 Registering the same overload twice is an error at import.
 """

@@ -22,7 +22,7 @@ from typing import Any
 
 import jax
 
-from . import events, fuser, ordering, program, sources
+from . import events, fuser, program, sources
 from .config import CONFIG
 from .events import METRICS
 from .graph import OUT_BITS, Graph
@@ -428,7 +428,7 @@ class Compiled:
         first = set(paired)
         give = tuple(paired) + tuple(i for i in mask if i not in first)
         order = tuple(outs) + tuple(j for j in range(len(self.out_avals)) if j not in taken)
-        fn = _donating_variant(self.key, self.fn, give, order, dict(zip(paired, outs)))
+        fn = _donating_variant(self.key, self.fn, give, order)
         where = {j: p for p, j in enumerate(order)}
         final = [where[raw(k)] for k in range(len(order))]
         donated = set(give)
@@ -464,14 +464,12 @@ class Compiled:
         return outs if back is None else [outs[k] for k in back]
 
 
-def _donating_variant(key: tuple, fn, give: tuple, order: tuple, pairs: dict[int, int]):
+def _donating_variant(key: tuple, fn, give: tuple, order: tuple):
     """The group program `fn` taking the inputs at `give` (in that order) as a second, donated
-    list, and returning its outputs in `order`; `pairs` (input -> output of `fn`) are the donated
-    inputs whose new value is that output, which XLA can then write in place (`ordering`)."""
-    dkey = (key, give, order, tuple(pairs.items()))
-    variant = _DONATING.get(dkey)
+    list, and returning its outputs in `order`."""
+    variant = _DONATING.get((key, give, order))
     if variant is None:
-        raw = ordering.ordered(fn.__wrapped__, pairs)  # jax.jit keeps the traceable function
+        raw = fn.__wrapped__  # jax.jit keeps the traceable function
         slot = {i: p for p, i in enumerate(give)}
 
         def donating(keep, donated, scalars):
@@ -480,7 +478,7 @@ def _donating_variant(key: tuple, fn, give: tuple, order: tuple, pairs: dict[int
             outs = raw(inputs, scalars)
             return [outs[j] for j in order]
 
-        variant = _DONATING[dkey] = jax.jit(donating, donate_argnums=1)
+        variant = _DONATING[(key, give, order)] = jax.jit(donating, donate_argnums=1)
         METRICS.programs_built += 1
     return variant
 

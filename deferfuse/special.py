@@ -504,8 +504,13 @@ def checked_fill(pos: int, route):
             dtype = args[0].dtype
         elif dtype is None and type(v) is float:  # full / scalar_tensor infer the default dtype
             dtype = torch.get_default_dtype()
-        if dtype is not None and type(v) in (int, float) and dtype != torch.bool:
-            cpu_cast(v, dtype)
+        if dtype is not None and type(v) in (int, float, complex) and dtype != torch.bool:
+            c = cpu_cast(v, dtype)
+            if type(v) is complex and not dtype.is_complex:  # 2+0j into float32: CPU writes 2.0
+                if len(args) > pos:
+                    args = args[:pos] + (c,) + args[pos + 1:]
+                else:
+                    kwargs = {k: c if x is v else x for k, x in kwargs.items()}
         return route(func, args, kwargs)
 
     return route_fill

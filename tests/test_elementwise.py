@@ -131,3 +131,36 @@ def test_complex_zero_to_other_powers_like_cpu(dtype, mode):
 
     expected = run_on(run, "cpu", None)
     torch.testing.assert_close(run_on(run, "tpu", mode), expected, equal_nan=True)
+
+
+def test_scalar_shifted_by_a_tensor():
+    """`1 << t` and `100 >> t` reach bitwise_*_shift.Scalar_Tensor, whose expansion handed the
+    lowered .Tensor overload a Python int and raised RuntimeError in every mode."""
+    def run(d):
+        out = []
+        for dt in (torch.uint8, torch.int8, torch.int32, torch.int64):
+            t = _T([0, 1, 3, 7], dtype=dt).to(d)
+            out += [1 << t, 100 >> t, -100 >> t, torch.bitwise_left_shift(5, t)]
+        return out
+
+    check_all_modes(run)
+
+
+def test_complex_scalar_takes_part_in_type_promotion():
+    """A complex Scalar is a static argument, so it was left out of the computation dtype: a bool
+    tensor times 1+2j computed a logical and and gave 1+0j."""
+    def run(d):
+        b = _T([True, False]).to(d)
+        return [b * (1 + 2j), torch.mul(b, 2j), _T([1, 0]).to(d) * (1 + 2j), torch.ones(2).to(d) * (1 + 2j)]
+
+    check_all_modes(run)
+
+
+def test_complex_fill_value_into_a_real_tensor_like_cpu():
+    """CPU writes 2+0j into float32 as 2.0 and raises for 1j; tpu failed at the flush for the
+    first and silently dropped the imaginary part for the second."""
+    check_all_modes(lambda d: [torch.full((2,), 2 + 0j, dtype=torch.float32, device=d),
+                               torch.ones(2).to(d).fill_(3 + 0j)])
+    for mode in MODES:
+        check_raises_like_cpu(lambda d: torch.ones(2, dtype=torch.int32).to(d).fill_(1j), mode)
+        check_raises_like_cpu(lambda d: torch.full((2,), 1j, dtype=torch.float32, device=d), mode)

@@ -25,7 +25,7 @@ def _participants(spec, tmpl, low) -> list[Placeholder]:
     found: list[Placeholder] = []
 
     def collect(obj):
-        if isinstance(obj, Placeholder):
+        if isinstance(obj, Placeholder) or type(obj) is complex:  # a complex Scalar is static
             found.append(obj)
         elif isinstance(obj, (list, tuple)):
             for x in obj:
@@ -119,7 +119,9 @@ def make_lowered_op(func, key, low, tmpl, outs, n_scalars, spec, host=False) -> 
         if parts:
             metas = []
             for p in parts:
-                if p.kind == "t":
+                if type(p) is complex:
+                    metas.append(p)
+                elif p.kind == "t":
                     metas.append(_meta_of(ins[p.index]))
                 elif p.kind == "c":
                     metas.append(_meta_of(scs[p.index]))
@@ -128,6 +130,8 @@ def make_lowered_op(func, key, low, tmpl, outs, n_scalars, spec, host=False) -> 
             comp, _ = promotion_dtypes(low.promote, metas)
             jc = to_jax_dtype(comp)
             for p in parts:
+                if type(p) is complex:
+                    continue
                 if p.kind == "t":
                     if ins[p.index].dtype != jc:
                         ins[p.index] = ins[p.index].astype(jc)

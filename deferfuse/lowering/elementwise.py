@@ -327,15 +327,15 @@ for _op, _fn in [
     lowering(_op, promote="default")(_fn)
 
 
-@lowering(aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar, aten.__lshift__.Tensor,
-          aten.__lshift__.Scalar, promote="default")
+@lowering(aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar,
+          aten.bitwise_left_shift.Scalar_Tensor, aten.__lshift__.Tensor, aten.__lshift__.Scalar, promote="default")
 def lshift(x, y):
     bits = x.dtype.itemsize * 8
     return jnp.where((y >= bits) | (y < 0), jnp.zeros((), x.dtype), jnp.left_shift(x, y.astype(x.dtype)))
 
 
-@lowering(aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar, aten.__rshift__.Tensor,
-          aten.__rshift__.Scalar, promote="default")
+@lowering(aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar,
+          aten.bitwise_right_shift.Scalar_Tensor, aten.__rshift__.Tensor, aten.__rshift__.Scalar, promote="default")
 def rshift(x, y):
     bits = x.dtype.itemsize * 8
     y = y.astype(x.dtype)

@@ -286,7 +286,9 @@ def needs_cpu_probe(func, low, args, kwargs) -> bool:
     if low is None:
         return False
     if low.family == "index":
-        return _float_index_argument(func, args, kwargs)
+        return _float_index_argument(func, args, kwargs) or (
+            func in _SAME_DTYPE_SOURCE and isinstance(args[0], TpuTensor) and len(args) > 3
+            and isinstance(args[3], torch.Tensor) and args[3].dtype != args[0].dtype)
     if low.family == "random":  # their argument checks (from < to, p in [0, 1], std >= 0)
         return any(type(a) is TpuTensor for a in args)
     if func in CLASS_TARGETS:  # CPU wants int64 (or uint8) class targets
@@ -310,6 +312,9 @@ _SOFTMAXES = (aten._softmax.default, aten._log_softmax.default)
 CLASS_TARGETS = (aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)  # nll_loss's kernels
 _SORTS = (aten.sort.default, aten.sort.stable, aten.topk.default, aten.argsort.default, aten.argsort.stable)
 _INDEX_ARGUMENTS = ("index", "indices", "offsets")
+# index ops whose CPU kernel wants `source` (argument 3) in self's dtype; their meta kernels do not check
+_SAME_DTYPE_SOURCE = (aten.index_add.default, aten.index_add_.default, aten.index_copy.default,
+                      aten.index_copy_.default)
 
 
 def _float_index_argument(func, args, kwargs) -> bool:

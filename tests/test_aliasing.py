@@ -336,6 +336,27 @@ def test_index_put_of_another_dtype_raises_like_cpu(values, call):
     assert isinstance(check_raises_like_cpu(run, "defer_and_fuse"), RuntimeError)
 
 
+
+_SOURCE_OF_ANOTHER_DTYPE = {
+    "index_add": lambda x, i, s: x.index_add(0, i, s),
+    "index_add_": lambda x, i, s: x.index_add_(0, i, s),
+    "index_copy": lambda x, i, s: x.index_copy(0, i, s),
+    "index_copy_": lambda x, i, s: x.index_copy_(0, i, s),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("call", sorted(_SOURCE_OF_ANOTHER_DTYPE))
+def test_index_add_and_copy_of_a_source_of_another_dtype_raise_like_cpu(call, mode):
+    """CPU wants the source in self's dtype; the meta kernels do not check, so tpu cast it and ran."""
+    x_cpu = torch.zeros(3, 2)
+
+    def run(d):
+        x = x_cpu.to(d)
+        _SOURCE_OF_ANOTHER_DTYPE[call](x, torch.tensor([0, 2]).to(d), torch.ones(2, 2, dtype=torch.int64).to(d))
+
+    check_raises_like_cpu(run, mode)
+
 _FLOAT_INDEX_CALLS = {
     "index_select": lambda d: torch.zeros(3).to(d).index_select(0, torch.tensor([0.0, 1.0]).to(d)),
     "gather": lambda d: torch.zeros(3).to(d).gather(0, torch.tensor([0.0, 1.0]).to(d)),

@@ -296,6 +296,8 @@ def needs_cpu_probe(func, low, args, kwargs) -> bool:
     if (low.family in ("elementwise", "reduction") or func in _SORTS) and any(
             type(a) is TpuTensor and a.dtype.is_complex for a in args):
         return True  # complex numbers have no order: CPU refuses lt, maximum, clamp, sort on them
+    if func in _NO_BOOL and isinstance(args[0], TpuTensor) and args[0].dtype == torch.bool:
+        return True  # CPU has no bool topk or kthvalue (CUDA has; the oracle is CPU)
     if low.family == "elementwise":
         name = func._overloadpacket.__name__
         if name.endswith("_") or name.startswith(("bitwise_", "__")):
@@ -310,6 +312,7 @@ def needs_cpu_probe(func, low, args, kwargs) -> bool:
 
 _SOFTMAXES = (aten._softmax.default, aten._log_softmax.default)
 CLASS_TARGETS = (aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)  # nll_loss's kernels
+_NO_BOOL = (aten.topk.default, aten.kthvalue.default)
 _SORTS = (aten.sort.default, aten.sort.stable, aten.topk.default, aten.argsort.default, aten.argsort.stable)
 _INDEX_ARGUMENTS = ("index", "indices", "offsets")
 # index ops whose CPU kernel wants `source` (argument 3) in self's dtype; their meta kernels do not check

@@ -29,6 +29,9 @@ _CPU_REJECTS = {
     "var of integers over a dim": lambda d: torch.tensor([[1, 2], [4, 5]]).to(d).var(1),
     "argmax of bool": lambda d: torch.tensor([True, False]).to(d).argmax(),
     "softmax of integers": lambda d: torch.softmax(torch.tensor([1, 2]).to(d), 0),
+    # tpu ran these (CPU has no bool topk or kthvalue kernel)
+    "topk of bool": lambda d: torch.tensor([[True, False, True]]).to(d).topk(2),
+    "kthvalue of bool": lambda d: torch.tensor([[True, False, True]]).to(d).kthvalue(1),
 }
 
 

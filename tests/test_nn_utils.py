@@ -65,3 +65,19 @@ def test_a_tpu_parameter_reprs_as_a_parameter():
     tpu = torch.nn.Linear(2, 1).to("tpu").bias
     assert repr(tpu) == repr(cpu).replace("requires_grad=True", "device='tpu:0', requires_grad=True")
     assert repr(tpu).startswith("Parameter containing:\n")
+
+
+@pytest.mark.parametrize("norm_type", [float("-inf"), 0, float("inf"), 2, 3.0])
+@pytest.mark.parametrize("foreach", [None, False])
+def test_clip_grad_norm_of_every_norm_type(norm_type, foreach):
+    """clip_grad_norm_ computes per-tensor norms with torch._foreach_norm, whose lowering knew
+    no -inf (it took sum(|x|**-inf)**0 = 1) nor 0 (a nonzero count) norm."""
+    def run(d):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3)).to(d)
+        m(torch.randn(6, 4).to(d)).pow(2).sum().backward()
+        next(m.parameters()).grad[0, 0] = 0.0
+        total = torch.nn.utils.clip_grad_norm_(m.parameters(), 0.1, norm_type, foreach=foreach)
+        return [total, torch._foreach_norm([p.grad for p in m.parameters()], norm_type)] + [p.grad for p in m.parameters()]
+
+    check_all_modes(run)

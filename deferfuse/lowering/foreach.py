@@ -129,6 +129,10 @@ def foreach_norm(ctx, xs, ord=2, dtype=None):
         a = jnp.abs(x.astype(_comp(ctx, i)))
         if ord == float("inf"):
             out.append(jnp.max(a))
+        elif ord == float("-inf"):
+            out.append(jnp.min(a))
+        elif ord == 0:
+            out.append(jnp.sum((a != 0).astype(a.dtype)))
         elif ord == 1:
             out.append(jnp.sum(a))
         elif ord == 2:

@@ -183,10 +183,12 @@ def _make_recipe(func, spec, key, args, kwargs, low=None, host=False) -> Recipe:
     outs = _out_info(leaves)
     tmpl = template(spec, args, kwargs)
     n_scalars = sum(1 for _ in _iter_placeholders(tmpl, ("s", "c")))
+    # the signature key holds each input's layout, so a lowering may read strides off ctx.meta_args
+    metas = _meta_args(args, kwargs) if low is not None and low.ctx else (None, None)
     op = Op.intern(
         # the default dtype decides the outputs of factories and int-to-float promotions
         (("host", key) if host else key, torch.get_default_dtype()),
-        lambda: make_lowered_op(func, key, low, tmpl, outs, n_scalars, spec, host=host),
+        lambda: make_lowered_op(func, key, low, tmpl, outs, n_scalars, spec, host=host, meta_inputs=metas),
     )
     return Recipe(op, [o[:6] for o in outs], spec_out, bool(low is not None and low.rng))
 

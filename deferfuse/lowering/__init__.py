@@ -100,7 +100,7 @@ def _broadcastable(a, b) -> bool:
     return all(x in (1, y) for x, y in zip(reversed(a), reversed(b)))
 
 
-def make_lowered_op(func, key, low, tmpl, outs, n_scalars, spec, host=False) -> Op:
+def make_lowered_op(func, key, low, tmpl, outs, n_scalars, spec, host=False, meta_inputs=(None, None)) -> Op:
     name = str(func)
     out_avals = [(o[4], to_jax_dtype(o[2])) for o in outs]
     use_rng = bool(low is not None and low.rng)
@@ -143,7 +143,7 @@ def make_lowered_op(func, key, low, tmpl, outs, n_scalars, spec, host=False) -> 
             kwargs.pop("generator", None)
             kwargs["key"] = rng.key(scs[-2], scs[-1])
         if low.ctx:
-            ctx = LowerCtx(sizes, odtypes, None, None)
+            ctx = LowerCtx(sizes, odtypes, *meta_inputs)
             res = low.fn(ctx, *args, **kwargs)
         else:
             res = low.fn(*args, **kwargs)

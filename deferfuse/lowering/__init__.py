@@ -157,4 +157,4 @@ def host_array(x) -> np.ndarray:
 
 
 # register every family
-from . import attention, composite_out, creation, elementwise, embedding_bag, fft, foreach, indexing, linalg, linear, nn, optim, pooling, random, reduction, rnn, shape, sorting  # noqa: E402,F401
+from . import attention, composite_out, creation, elementwise, embedding_bag, factorizations, fft, foreach, indexing, linalg, linear, nn, optim, pooling, random, reduction, rnn, shape, sorting  # noqa: E402,F401

@@ -29,8 +29,8 @@ from .config import CONFIG
 from .events import METRICS
 from .graph import Op
 from .lowering import LOWERINGS, fallback, make_lowered_op
-from .meta import (ArgSpec, cpu_error_instead, flatten_outputs, needs_cpu_probe, run_cpu_probe, run_meta, signature,
-                   template, unflatten_outputs)
+from .meta import (ArgSpec, cpu_error_instead, flatten_outputs, meta_args, needs_cpu_probe, run_cpu_probe, run_meta,
+                   signature, template, unflatten_outputs)
 from .tensor import LAYOUTS, Storage, TpuTensor, layout_id, new_tensor, offset_of, phys_layout
 from . import views
 
@@ -168,9 +168,12 @@ def _make_recipe(func, spec, key, args, kwargs, low=None, host=False) -> Recipe:
     low = low if low is not None else LOWERINGS.get(func)
     if needs_cpu_probe(func, low, args, kwargs):
         run_cpu_probe(func, args, kwargs)
+    metas = (None, None)
     try:
+        if low is not None and (low.meta is not None or low.ctx):
+            metas = meta_args(args, kwargs)
         if low is not None and low.meta is not None:
-            meta_out = low.meta(*_meta_args(args, kwargs))
+            meta_out = low.meta(*metas)
         else:
             meta_out = run_meta(func, args, kwargs)
     except Exception as err:  # noqa: BLE001 - CPU's error for the call, if it has one
@@ -184,11 +187,11 @@ def _make_recipe(func, spec, key, args, kwargs, low=None, host=False) -> Recipe:
     tmpl = template(spec, args, kwargs)
     n_scalars = sum(1 for _ in _iter_placeholders(tmpl, ("s", "c")))
     # the signature key holds each input's layout, so a lowering may read strides off ctx.meta_args
-    metas = _meta_args(args, kwargs) if low is not None and low.ctx else (None, None)
+    ctx_metas = metas if low is not None and low.ctx else (None, None)
     op = Op.intern(
         # the default dtype decides the outputs of factories and int-to-float promotions
         (("host", key) if host else key, torch.get_default_dtype()),
-        lambda: make_lowered_op(func, key, low, tmpl, outs, n_scalars, spec, host=host, meta_inputs=metas),
+        lambda: make_lowered_op(func, key, low, tmpl, outs, n_scalars, spec, host=host, meta_inputs=ctx_metas),
     )
     return Recipe(op, [o[:6] for o in outs], spec_out, bool(low is not None and low.rng))
 
@@ -302,16 +305,10 @@ def route_lowered(func, args, kwargs):
     r = _RECIPES.get(key)
     if r is None:
         low = LOWERINGS[func]
-        if low.supports is not None and not low.supports(*_meta_args(args, kwargs)):
+        if low.supports is not None and not low.supports(*meta_args(args, kwargs)):
             return fallback.run(func, args, kwargs, reason="unsupported arguments")
         r = _RECIPES[key] = _make_recipe(func, spec, key, args, kwargs, low)
     return emit(r, tensors, scalars, rng.key_for(kwargs) if r.rng else None)
-
-
-def _meta_args(args, kwargs):
-    from .meta import to_meta
-
-    return to_meta(args), {k: to_meta(v) for k, v in kwargs.items()}
 
 
 # --- views -----------------------------------------------------------------------------------
@@ -449,7 +446,7 @@ def _check_storage_bounds(st: Storage, size, stride, off) -> None:
 
 def route_inplace_view(func, args, kwargs):
     t = args[0]
-    margs, mkwargs = _meta_args(args, kwargs)
+    margs, mkwargs = meta_args(args, kwargs)
     with torch.utils._python_dispatch._disable_current_modes():
         m = func(*margs, **mkwargs)
     if isinstance(m, (list, tuple)):

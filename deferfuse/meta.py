@@ -247,6 +247,12 @@ def meta_tensor(t: TpuTensor) -> torch.Tensor:
     )
 
 
+def meta_args(args, kwargs) -> tuple:
+    """A call's arguments as meta tensors, for meta kernels, `supports=` hooks and lowerings that
+    read layouts."""
+    return to_meta(args), {k: to_meta(v) for k, v in kwargs.items()}
+
+
 def to_meta(obj, scalars_iter=None):
     if isinstance(obj, TpuTensor):
         return meta_tensor(obj)

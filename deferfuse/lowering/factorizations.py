@@ -40,6 +40,11 @@ def _batch(*xs):
     return [jnp.broadcast_to(x, batch + x.shape[-2:]) for x in xs]
 
 
+def _eye_like(a):
+    """Identity matrices of a's batch shape: inverses are solves against them, as in LAPACK."""
+    return jnp.broadcast_to(jnp.eye(a.shape[-1], dtype=a.dtype), a.shape)
+
+
 def _first_zero(d):
     """getrf's info: 1 + the index of U's first exactly-zero diagonal element, 0 if none."""
     zero = d == 0
@@ -125,8 +130,7 @@ def linalg_lu_solve(lu, pivots, b, *, left=True, adjoint=False):
 def linalg_inv_ex(a, *, check_errors=False):
     """CPU solves A X = I through getrf/getrs, so a singular input leaves the same Inf/NaN."""
     lu, _, perm, info = _lu(a)
-    eye = jnp.broadcast_to(jnp.eye(a.shape[-1], dtype=a.dtype), a.shape)
-    return _lu_solve(lu, perm, eye), info
+    return _lu_solve(lu, perm, _eye_like(a)), info
 
 
 @lowering(aten._linalg_solve_ex.default, family="misc",
@@ -213,7 +217,7 @@ def _cholesky(a, upper):
     loop gives LAPACK's info and partial factor (one branch for the batch, not per matrix)."""
     if upper:
         a = jnp.conj(jnp.swapaxes(a, -1, -2))
-    if a.shape[-1] == 0 or a.size == 0:
+    if a.size == 0:
         L, info = a, jnp.zeros(a.shape[:-2], jnp.int32)
     else:
         fast = lax.linalg.cholesky(a, symmetrize_input=False)
@@ -246,5 +250,4 @@ def cholesky_solve_helper(b, f, upper):
 
 @lowering(aten.cholesky_inverse.default, family="misc", supports=_supported(aten.cholesky_inverse.default))
 def cholesky_inverse(f, upper=False):
-    eye = jnp.broadcast_to(jnp.eye(f.shape[-1], dtype=f.dtype), f.shape)
-    return cholesky_solve_helper(eye, f, upper)
+    return cholesky_solve_helper(_eye_like(f), f, upper)

@@ -12,7 +12,7 @@ import torch
 from jax import lax
 
 from ..dtypes import up_half as _up
-from ..meta import flatten_outputs, to_meta
+from ..meta import flatten_outputs, meta_args
 from ..views import contiguous_strides
 from .registry import aten, lowering
 
@@ -154,7 +154,7 @@ def _cpu_conv_layout(func):
     with one input channel per group is contiguous and channels_last at once, and CPU reads
     which one from the stride of that size-1 dim)."""
     def fix(args, kwargs, leaves):
-        margs, mkwargs = to_meta(args), {k: to_meta(v) for k, v in kwargs.items()}
+        margs, mkwargs = meta_args(args, kwargs)
         tensors = [a for a in (*margs, *mkwargs.values()) if isinstance(a, torch.Tensor)]
         if all(tuple(t.stride()) == contiguous_strides(t.shape) for t in tensors):
             return leaves

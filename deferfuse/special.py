@@ -295,10 +295,40 @@ def resize(t: TpuTensor, size: tuple) -> None:
 
 
 def route_resize_(func, args, kwargs):
-    t, size = args[0], tuple(args[1])
+    _resize_to(args[0], tuple(args[1]), kwargs.get("memory_format"))
+    return args[0]
+
+
+def route_resize_as_(func, args, kwargs):
+    """at::native::resize_as_: resize_ to the template's sizes, then restride for the memory
+    format asked for (`preserve_format`: the template's). Its `inplace_view` tag would send it to
+    the metadata-only route, which cannot grow the storage an empty out= tensor needs (`torch.lu`
+    resizes its outputs with it)."""
+    t, template = args[0], args[1]
+    fmt = args[2] if len(args) > 2 else kwargs.get("memory_format")
+    if type(t) is not TpuTensor:  # a CPU tensor resized like a tpu one: only its sizes are read
+        with torch._C._DisableTorchDispatch():
+            return func(t, torch.empty(template.shape, device="meta"), memory_format=fmt)
+    if fmt is torch.preserve_format:
+        fmt = torch._prims_common.suggest_memory_format(template)
+    _resize_to(t, tuple(template.shape), fmt)
+    return t
+
+
+def _resize_to(t: TpuTensor, size: tuple, fmt) -> None:
+    """CPU's resize_: a new size makes t contiguous, the same size keeps its strides; a memory
+    format, if given, then restrides it (rank-checked as on CPU)."""
+    if fmt is torch.preserve_format:
+        raise RuntimeError("Unsupported memory formatPreserve")
+    stride = None
+    if fmt is not None:
+        stride = tuple(torch.empty(size, device="meta", memory_format=fmt).stride())
     if size != tuple(t.shape):
         resize(t, size)
-    return t
+    if stride is not None and stride != tuple(t.stride()):
+        from .dispatch import set_metadata
+
+        set_metadata(t, size, stride, offset_of(t))
 
 
 def route_resize_output_(func, args, kwargs):
@@ -589,6 +619,7 @@ HANDLERS = {
     aten.new_empty.default: route_uninitialised,
     aten.new_empty_strided.default: route_uninitialised,
     aten.resize_.default: route_resize_,
+    aten.resize_as_.default: route_resize_as_,
     aten._resize_output_.default: route_resize_output_,
     aten.lift_fresh.default: route_lift_fresh,
     aten.set_.source_Tensor: route_set_source_tensor,

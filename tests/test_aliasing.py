@@ -1,6 +1,8 @@
 """Views and in-place ops alias exactly as on CPU, in every mode, across flushes."""
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -471,6 +473,42 @@ def test_resizing_a_view_within_its_storage_keeps_it_a_view():
         return [x, torch.fft.fftfreq(5, device=d), torch.fft.fftfreq(4, 0.5, device=d)]
 
     check_all_modes(run)
+
+
+def test_resize_as_grows_an_empty_tensor_and_resize_honours_memory_format():
+    """resize_as_ carries the inplace_view tag, which sent it to the metadata-only route: an empty
+    out tensor got the template's sizes but no storage, and the first write failed at the flush
+    (`torch.lu(A, get_infos=True, out=...)` resizes its outputs with it). resize_ ignored
+    memory_format."""
+    def strides(t):
+        return torch.tensor(t.stride())
+
+    def run(d):
+        src = torch.arange(120.0).view(2, 3, 4, 5)
+        out = torch.empty(0).to(d)
+        out.resize_as_(src.to(d)).copy_(src.to(d))
+        kept = torch.empty(0).to(d)
+        kept.resize_as_(src.to(d).to(memory_format=torch.channels_last), memory_format=torch.preserve_format)
+        contig = torch.empty(0).to(d)
+        contig.resize_as_(src.to(d).to(memory_format=torch.channels_last))
+        cl = torch.zeros(2, 3, 4, 5).to(d)
+        cl.resize_(2, 3, 4, 5, memory_format=torch.channels_last)
+        same = torch.zeros(3, 4).to(d).t()
+        same.resize_(4, 3)  # same sizes: strides kept
+        a = torch.randn(3, 5, generator=torch.Generator().manual_seed(0)).to(d)
+        lu = tuple(torch.empty(0, dtype=dt).to(d) for dt in (torch.float32, torch.int32, torch.int32))
+        torch.lu(a, True, True, out=lu)
+        return [out, strides(kept), strides(contig), strides(cl), strides(same), *lu]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.lu is deprecated
+        check_all_modes(run)
+
+
+@pytest.mark.parametrize("fmt", [torch.preserve_format, torch.channels_last])
+@pytest.mark.parametrize("mode", MODES)
+def test_resize_with_a_bad_memory_format_raises_like_cpu(fmt, mode):
+    check_raises_like_cpu(lambda d: torch.empty(0).to(d).resize_(2, 3, memory_format=fmt), mode)
 
 
 _BAD_MASKS = {

@@ -82,6 +82,41 @@ def test_debug_binary_cross_entropy_of_a_non_probability_raises_like_cpu(bad):
     check_raises_like_cpu(lambda d: F.binary_cross_entropy(inp.to(d), tgt.to(d)), "debug")
 
 
+_INT_DIVISIONS_BY_ZERO = {
+    "floordiv": lambda a, b: a // b,
+    "remainder": lambda a, b: a % b,
+    "fmod": lambda a, b: torch.fmod(a, b),
+    "div_trunc": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+    "div_floor_": lambda a, b: a.clone().div_(b, rounding_mode="floor"),
+    "floordiv_inplace": lambda a, b: a.clone().__ifloordiv__(b),
+    "scalar_remainder": lambda a, b: torch.remainder(7, b),
+    "fmod_out": lambda a, b: torch.fmod(a, b, out=torch.empty_like(a)),
+    "int8": lambda a, b: a.to(torch.int8) // b.to(torch.int8),
+}
+
+
+@pytest.mark.parametrize("call", _INT_DIVISIONS_BY_ZERO.values(), ids=_INT_DIVISIONS_BY_ZERO.keys())
+def test_debug_integer_division_by_zero_raises_like_cpu(call):
+    """CPU raises RuntimeError("ZeroDivisionError") for an integer divisor tensor holding 0; XLA,
+    like CUDA, returns a value, which Strict and DeferAndFuse cannot check without a sync."""
+    from conftest import check_raises_like_cpu
+
+    a, b = torch.tensor([5, -3, 4]), torch.tensor([2, 0, 1])
+    check_raises_like_cpu(lambda d: call(a.to(d), b.to(d)), "debug")
+
+
+def test_debug_division_checks_leave_valid_divisions_alone():
+    """A nonzero integer divisor, a float result (inf as on CPU, left to the NaN check's own
+    rules) and true division of integers are not integer divisions by zero."""
+    a, b = torch.tensor([5, -3, 4]), torch.tensor([2, -2, 1])
+    with deferfuse.mode("debug"):
+        got = [a.to("tpu") // b.to("tpu"), a.to("tpu") % b.to("tpu"), torch.fmod(a.to("tpu"), 3),
+               torch.div(a.to("tpu"), b.to("tpu"), rounding_mode="trunc")]
+    expected = [a // b, a % b, torch.fmod(a, 3), torch.div(a, b, rounding_mode="trunc")]
+    for g, e in zip(got, expected):
+        assert torch.equal(g.cpu(), e)
+
+
 _SINGULAR = torch.tensor([[1.0, 2.0], [2.0, 4.0]])
 
 

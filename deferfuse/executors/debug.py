@@ -4,9 +4,10 @@
   raises (its inputs and scalar arguments were finite), so an intentional `-inf` mask or a NaN
   already present upstream does not stop the run; DEFERFUSE_DEBUG_NAN_CHECK=0 turns it off.
   Nor does one that reports the failure in an `info` output (linalg's *_ex kernels).
-- Indexing ops check their indices on the host first, and multinomial its weights; an
-  out-of-range index or an invalid distribution raises exactly the exception CPU PyTorch raises
-  (obtained by running the op on CPU), at the user's line.
+- Indexing ops check their indices on the host first, multinomial its weights, and integer
+  divisions (`//`, `%`, fmod) their divisor; an out-of-range index, an invalid distribution or
+  a zero divisor raises exactly the exception CPU PyTorch raises (obtained by running the op on
+  CPU), at the user's line.
 
 Strict and DeferAndFuse pay for none of this.
 """
@@ -81,6 +82,8 @@ class DebugExecutor(Executor):
             _check_targets(func, args, kwargs)
         elif func is aten.binary_cross_entropy.default:
             _check_probabilities(func, args, kwargs)
+        elif func._overloadpacket.__name__ in _INT_DIVISIONS:
+            _check_integer_divisor(func, args, kwargs)
         if CONFIG.debug_nan_check:
             self._inputs_finite = _all_finite(args, kwargs) and not _divides_by_a_zero_scalar(func, args)
 
@@ -203,6 +206,35 @@ def _check_weights(func, args, kwargs) -> None:
     v = engine.concrete(w, "debug_op", None).astype(jnp.float32)
     if not bool(jnp.isfinite(v).all()) or bool((v < 0).any()) or bool((v.sum(-1) <= 0).any()):
         _raise_like_cpu(func, args, kwargs, "invalid multinomial distribution", RuntimeError)
+
+
+# Ops that divide, by overload packet. On integers CPU raises RuntimeError("ZeroDivisionError")
+# for a zero divisor; XLA, like CUDA, returns a value.
+_INT_DIVISIONS = {"floor_divide", "floor_divide_", "div", "div_", "remainder", "remainder_", "fmod", "fmod_"}
+
+
+def _check_integer_divisor(func, args, kwargs) -> None:
+    """An integer division (`//`, `%`, fmod, div with a rounding mode) by a zero."""
+    if len(args) < 2:
+        return
+    name = func._overloadpacket.__name__
+    if name.startswith("div") and kwargs.get("rounding_mode", args[2] if len(args) > 2 else None) is None:
+        return  # true division: a float result, inf or nan as on CPU
+    operands = (args[0], args[1])
+    for x in operands:
+        dtype = x.dtype if isinstance(x, torch.Tensor) else type(x)
+        if dtype in (float, complex) or (isinstance(dtype, torch.dtype) and (dtype.is_floating_point
+                                                                              or dtype.is_complex)):
+            return  # a floating result: no error on CPU either
+    d = args[1]
+    if isinstance(d, TpuTensor):
+        zero = d.numel() > 0 and bool((engine.concrete(d, "debug_op", None) == 0).any())
+    elif isinstance(d, torch.Tensor):
+        zero = bool((d == 0).any())
+    else:
+        zero = d == 0
+    if zero:
+        _raise_like_cpu(func, args, kwargs, "ZeroDivisionError", RuntimeError)
 
 
 def _check_offsets(func, args, kwargs) -> None:

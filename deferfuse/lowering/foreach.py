@@ -122,7 +122,18 @@ if hasattr(aten._foreach_lerp, "ScalarList"):
                 for i, (x, e, w) in enumerate(zip(xs, ends, weights))]
 
 
-@lowering(aten._foreach_norm.Scalar, family="foreach", static=("ord",), ctx=True)
+def _norm_meta(args, kwargs):
+    """PyTorch's meta kernel refuses only the +inf norm of an empty tensor; CPU's kernel also
+    refuses the other norms without an identity (negative and -inf), with vector_norm's error."""
+    ord = args[1] if len(args) > 1 else kwargs.get("ord", 2)
+    if isinstance(ord, (int, float)) and ord < 0 and any(t.numel() == 0 for t in args[0]):
+        shown = "-inf" if ord == float("-inf") else ord
+        raise RuntimeError(f"linalg.vector_norm cannot compute the {shown} norm on an empty tensor because "
+                           f"the operation does not have an identity")
+    return aten._foreach_norm.Scalar(*args, **kwargs)
+
+
+@lowering(aten._foreach_norm.Scalar, family="foreach", static=("ord",), ctx=True, meta=_norm_meta)
 def foreach_norm(ctx, xs, ord=2, dtype=None):
     out = []
     for i, x in enumerate(xs):

@@ -34,3 +34,19 @@ def test_suite_runs_a_training_workload_in_every_in_process_engine():
         assert res[e]["compiled_steady"] == 0
     table = bench_run.render({"workloads": {name: res}}, engines)
     assert name in table and "defer vs jit" in table
+
+
+def test_thread_breakdown_measures_each_group_and_one_core_has_no_xla_pool():
+    """bench/threads.py: the recording thread's CPU shows on its own line, and a process confined
+    to one core before JAX starts runs its programs without XLA's thread pool (what the one-core
+    rows of docs/performance.md compare against)."""
+    import threads
+
+    name = "mlp train, loss.item() every step"
+    res = threads.measure(name, "defer_and_fuse", seconds=0.3, warm=2)
+    assert res["wall"] > 0 and res["main"] > 0 and res["steps"] >= 2
+    assert abs(res["total"] - (res["main"] + res["xla"] + res["other"])) < 1e-9
+    one = threads._child(name, "jit", "1", 0.3)
+    assert "error" not in one, one
+    assert one["xla"] == 0 and one["other"] > 0
+    assert name in threads.render([{"workload": name, "engine": "jit", "cores": "1", **one}])

@@ -12,7 +12,7 @@ import torch
 
 from . import engine, rng, special
 from .lowering import LOWERINGS
-from .meta import needs_cpu_probe, run_cpu_probe, run_meta, signature
+from .meta import cpu_error_instead, needs_cpu_probe, run_cpu_probe, run_meta, signature
 from .tensor import TpuTensor
 
 aten = torch.ops.aten
@@ -197,6 +197,8 @@ def _check_meta(func, key, args, kwargs) -> None:
         run_meta(func, args, kwargs)
     except NotImplementedError:
         pass  # no meta kernel: the functional op's own checks still run
+    except Exception as err:  # noqa: BLE001 - CPU's error for the call, as route_lowered raises it
+        cpu_error_instead(func, args, kwargs, err)
     if func in _FUNCTIONAL and needs_cpu_probe(func, LOWERINGS.get(_FUNCTIONAL[func][1]), args, kwargs):
         run_cpu_probe(func, args, kwargs)
     _CHECKED.add(key)

@@ -164,3 +164,16 @@ def test_complex_fill_value_into_a_real_tensor_like_cpu():
     for mode in MODES:
         check_raises_like_cpu(lambda d: torch.ones(2, dtype=torch.int32).to(d).fill_(1j), mode)
         check_raises_like_cpu(lambda d: torch.full((2,), 1j, dtype=torch.float32, device=d), mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("call", [
+    lambda x, m: x.masked_fill(m, 1.0),
+    lambda x, m: x.masked_fill_(m, 2.0),
+    lambda x, m: x.masked_fill_(m, torch.tensor(3.0).to(x.device)),
+], ids=["masked_fill", "masked_fill_", "masked_fill_tensor_value"])
+def test_masked_fill_with_a_uint8_mask_raises_like_cpu(call, mode):
+    """CPU takes only bool masks here; PyTorch's meta kernel takes any, and the in-place form's
+    decomposition words its refusal its own way ("expected predicate to be bool")."""
+    mask = torch.tensor([1, 0, 1], dtype=torch.uint8)
+    check_raises_like_cpu(lambda d: call(torch.zeros(3).to(d), mask.to(d)), mode)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import jax
+import torch
 import jax.numpy as jnp
 from jax import lax
 
@@ -394,7 +395,15 @@ def clamp_max(x, max):
     return jnp.minimum(x, max)
 
 
-@lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def _masked_fill_meta(args, kwargs):
+    """CPU's kernel takes only a bool mask (`x[uint8_mask] = v` reaches masked_fill_ with a uint8
+    one); PyTorch's meta kernel takes any. The recipe builder replaces this error by CPU's own."""
+    if args[1].dtype != torch.bool:
+        raise RuntimeError(f"masked_fill_ only supports boolean masks, but got mask with dtype {args[1].dtype}")
+    return aten.masked_fill(*args, **kwargs)
+
+
+@lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor, meta=_masked_fill_meta)
 def masked_fill(x, mask, value):
     return jnp.where(mask, jnp.asarray(value).astype(x.dtype), x)
 

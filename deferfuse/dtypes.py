@@ -78,10 +78,13 @@ def cast(x, jd):
 
 
 def to_jax_dtype(dtype: torch.dtype) -> jnp.dtype:
+    """A RuntimeError for a dtype JAX lacks (complex32), as PyTorch's kernels raise for a dtype
+    they do not implement: a TypeError inside `half_tensor * (1+2j)` becomes Python's
+    "unsupported operand type(s)", which hides the dtype."""
     try:
         return TORCH_TO_JAX[dtype]
     except KeyError:
-        raise TypeError(f"deferfuse: dtype {dtype} is not supported on the tpu device") from None
+        raise RuntimeError(f"deferfuse: dtype {dtype} is not supported on the tpu device") from None
 
 
 def to_torch_dtype(dtype) -> torch.dtype:
@@ -91,6 +94,7 @@ def to_torch_dtype(dtype) -> torch.dtype:
 def torch_to_numpy(t: torch.Tensor) -> np.ndarray:
     """A NumPy array with t's logical contents (a copy whenever t's memory could change)."""
     t = t.detach()
+    to_jax_dtype(t.dtype)  # a dtype JAX lacks: name it, where NumPy would say "unsupported ScalarType"
     via = _BITCAST_VIA.get(t.dtype)
     if via is not None:
         return t.contiguous().view(via).numpy().view(TORCH_TO_JAX[t.dtype])

@@ -177,3 +177,16 @@ def test_masked_fill_with_a_uint8_mask_raises_like_cpu(call, mode):
     decomposition words its refusal its own way ("expected predicate to be bool")."""
     mask = torch.tensor([1, 0, 1], dtype=torch.uint8)
     check_raises_like_cpu(lambda d: call(torch.zeros(3).to(d), mask.to(d)), mode)
+
+
+@pytest.mark.parametrize("call", [
+    lambda: torch.ones(2, dtype=torch.float16, device="tpu") * (1 + 2j),  # CPU: a complex32 result
+    lambda: torch.ones(2, dtype=torch.complex32, device="tpu"),
+    lambda: torch.ones(2, dtype=torch.complex32).to("tpu"),
+], ids=["half_times_complex", "factory", "host_copy"])
+def test_a_dtype_jax_lacks_raises_a_runtime_error_naming_it(call):
+    """complex32 has no JAX dtype. The error was a TypeError, which PyTorch's binary operators
+    turn into Python's "unsupported operand type(s) for *", hiding the dtype; a host copy said
+    NumPy's "unsupported ScalarType ComplexHalf"."""
+    with pytest.raises(RuntimeError, match="torch.complex32 is not supported on the tpu device"):
+        call()

@@ -305,7 +305,7 @@ def route_resize_as_(func, args, kwargs):
     the metadata-only route, which cannot grow the storage an empty out= tensor needs (`torch.lu`
     resizes its outputs with it)."""
     t, template = args[0], args[1]
-    fmt = args[2] if len(args) > 2 else kwargs.get("memory_format")
+    fmt = kwargs.get("memory_format")
     if type(t) is not TpuTensor:  # a CPU tensor resized like a tpu one: only its sizes are read
         with torch._C._DisableTorchDispatch():
             return func(t, torch.empty(template.shape, device="meta"), memory_format=fmt)

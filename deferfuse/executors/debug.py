@@ -218,7 +218,7 @@ def _check_integer_divisor(func, args, kwargs) -> None:
     if len(args) < 2:
         return
     name = func._overloadpacket.__name__
-    if name.startswith("div") and kwargs.get("rounding_mode", args[2] if len(args) > 2 else None) is None:
+    if name.startswith("div") and kwargs.get("rounding_mode") is None:  # keyword-only in every div
         return  # true division: a float result, inf or nan as on CPU
     operands = (args[0], args[1])
     for x in operands:

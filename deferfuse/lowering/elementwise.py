@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 
 import jax
-import torch
 import jax.numpy as jnp
+import torch
 from jax import lax
 
 from ..dtypes import to_jax_dtype, HALF as _HALF

@@ -124,12 +124,11 @@ if hasattr(aten._foreach_lerp, "ScalarList"):
 
 def _norm_meta(args, kwargs):
     """PyTorch's meta kernel refuses only the +inf norm of an empty tensor; CPU's kernel also
-    refuses the other norms without an identity (negative and -inf), with vector_norm's error."""
+    refuses the other norms without an identity (negative and -inf). The recipe builder replaces
+    this error by CPU's own (vector_norm's words)."""
     ord = args[1] if len(args) > 1 else kwargs.get("ord", 2)
     if isinstance(ord, (int, float)) and ord < 0 and any(t.numel() == 0 for t in args[0]):
-        shown = "-inf" if ord == float("-inf") else ord
-        raise RuntimeError(f"linalg.vector_norm cannot compute the {shown} norm on an empty tensor because "
-                           f"the operation does not have an identity")
+        raise RuntimeError(f"_foreach_norm: the {ord} norm of an empty tensor has no identity")
     return aten._foreach_norm.Scalar(*args, **kwargs)
 
 

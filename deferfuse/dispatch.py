@@ -77,7 +77,17 @@ def info_of(func) -> FuncInfo:
 
 
 def dispatch(func, args: tuple, kwargs: dict):
+    """Serve one ATen call from inside deferfuse (factories, composite helpers)."""
+    return torch_dispatch(None, func, None, args, kwargs)
+
+
+def torch_dispatch(cls, func, types, args=(), kwargs=None):
+    """`TpuTensor.__torch_dispatch__` itself, installed at import (not a method that calls it):
+    every ATen call on a tpu tensor comes here, and a Python frame is a tenth of a
+    microsecond of the recording cost per op."""
     global _depth
+    if kwargs is None:
+        kwargs = {}
     try:
         route = func._df.route
     except AttributeError:
@@ -584,3 +594,4 @@ def _classify_plain(func) -> Callable:
 
 
 tensor._dispatch = dispatch
+TpuTensor.__torch_dispatch__ = classmethod(torch_dispatch)

@@ -132,9 +132,17 @@ def record(op: Op, tensors, scalars) -> tuple[Graph, int]:
     """Append one node reading `tensors`; returns (graph, base ref of its outputs)."""
     g = STREAM.graph
     refs = []
-    for t in tensors:  # tensor_ref, its common case inline: a whole tensor pending here
-        st = t._st
-        refs.append(st.ref if st.graph is g and t._lay is None else tensor_ref(g, t))
+    for t in tensors:  # tensor_ref, its two common cases inline: a whole tensor pending here, or
+        st = t._st  # one whose concrete value is already an input (a weight read again)
+        if t._lay is None:
+            if st.graph is g:
+                refs.append(st.ref)
+                continue
+            pos = g._input_pos.get(id(st.value))
+            if pos is not None and g.sources is None:
+                refs.append(-(pos + 1))
+                continue
+        refs.append(tensor_ref(g, t))
     base = g.add(op, tuple(refs), scalars, STREAM.where)
     METRICS.ops_recorded += 1
     return g, base

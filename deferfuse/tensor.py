@@ -114,6 +114,7 @@ class TpuTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        # dispatch.py replaces this at import with `dispatch.torch_dispatch` itself
         return _dispatch(func, args, kwargs or {})
 
     # Host reads: name the cause, then let PyTorch's C++ do the rest through our dispatcher.

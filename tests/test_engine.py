@@ -52,6 +52,26 @@ def test_shape_error_raises_at_the_recording_line_and_pending_work_survives():
         torch.testing.assert_close(b.cpu(), torch.full((3, 4), 3.0))
 
 
+def test_each_node_remembers_the_users_line():
+    """The line is read straight off the caller's frame when user code calls the op, and found
+    by walking out of torch's own Python (F.gelu, a module's forward) otherwise."""
+    from deferfuse import sources
+
+    layer = torch.nn.Linear(4, 4).to("tpu")
+    with deferfuse.mode():
+        x = torch.ones(2, 4, device="tpu")
+        first = inspect.currentframe().f_lineno + 1
+        y = x * 3
+        z = torch.nn.functional.gelu(y)
+        w = layer(z)
+        nodes = list(engine.STREAM.graph.nodes)
+        lines = [sources.parts(n.where)[:2] for n in nodes[-3:]]
+        w.cpu()
+    assert lines[0] == (__file__, first)
+    assert lines[1] == (__file__, first + 1)
+    assert lines[2] == (__file__, first + 2)
+
+
 def test_same_exception_types_as_cpu():
     for dev in ("cpu", "tpu"):
         with deferfuse.mode():

@@ -599,5 +599,4 @@ def _classify_plain(func) -> Callable:
     return route_fallback
 
 
-tensor._dispatch = dispatch
 TpuTensor.__torch_dispatch__ = classmethod(torch_dispatch)

@@ -114,8 +114,8 @@ class TpuTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        # dispatch.py replaces this at import with `dispatch.torch_dispatch` itself
-        return _dispatch(func, args, kwargs or {})
+        # importing deferfuse installs `dispatch.torch_dispatch` here (dispatch.py's last line)
+        raise RuntimeError("deferfuse dispatcher not initialised")
 
     # Host reads: name the cause, then let PyTorch's C++ do the rest through our dispatcher.
     def __bool__(self):
@@ -210,10 +210,6 @@ _INTERNAL = ("_st", "_lay", "_lid")
 def _rebuild(cpu: torch.Tensor, requires_grad: bool) -> torch.Tensor:
     """Loads checkpoints written before __reduce_ex__ used PyTorch's rebuild (weights_only=False)."""
     return cpu.to(DEVICE).requires_grad_(requires_grad)
-
-
-def _dispatch(func, args, kwargs):  # replaced by dispatch.py at import
-    raise RuntimeError("deferfuse dispatcher not initialised")
 
 
 _make = torch.Tensor._make_wrapper_subclass  # called positionally: keyword parsing costs ~1 µs a tensor

@@ -485,15 +485,18 @@ def set_metadata(t: TpuTensor, size, stride, off) -> None:
     size, stride = tuple(size), tuple(stride)
     extent = off + 1 + sum((n - 1) * st for n, st in zip(size, stride)) if all(n > 0 for n in size) else off
     with torch._C._DisableTorchDispatch():
-        if extent * t.dtype.itemsize <= t.untyped_storage().nbytes():
+        if extent * t.dtype.itemsize <= _wrapper_storage(t).nbytes():
             aten.as_strided_.default(t, size, stride, off)
         else:
             donor = torch.Tensor._make_wrapper_subclass(TpuTensor, (extent,), dtype=t.dtype, device=tensor.DEVICE)
             aten.set_.source_Storage_storage_offset._op_dk(
-                torch._C.DispatchKey.Meta, t, donor.untyped_storage(), off, size, stride
+                torch._C.DispatchKey.Meta, t, _wrapper_storage(donor), off, size, stride
             )
     t._lid = layout_id(size, stride, t.dtype)
     t._lay = tensor.layout_for(t._st, size, stride, off)
+
+
+_wrapper_storage = torch.Tensor.untyped_storage  # the wrapper's own C++ storage, not the data_ptr facade
 
 
 # --- everything else ---------------------------------------------------------------------------

@@ -46,7 +46,8 @@ class Storage:
     zeros). A new value replaces the old one; arrays are never mutated.
     """
 
-    __slots__ = ("value", "graph", "ref", "shape", "dtype", "error", "copy_of", "__weakref__")
+    # `facade`: what `untyped_storage()` returns, made on first use (see `storage_facade`)
+    __slots__ = ("value", "graph", "ref", "shape", "dtype", "error", "copy_of", "facade", "__weakref__")
 
     def __init__(self, value, shape: tuple, dtype: torch.dtype, graph=None, ref: int = 0):
         self.value = value
@@ -157,6 +158,13 @@ class TpuTensor(torch.Tensor):
             return _with_cause("print", lambda: self.item().__format__(spec))
         return object.__format__(self, spec)
 
+    def untyped_storage(self) -> torch.UntypedStorage:
+        return storage_facade(self._st)
+
+    def data_ptr(self) -> int:
+        base = storage_facade(self._st).data_ptr()
+        return base + offset_of(self) * self.element_size() if base else 0
+
     def __reduce_ex__(self, proto):
         # PyTorch's own rebuild for device tensors without host storage (XLA's): in torch.load's
         # weights_only allowlist, and it honours map_location, so a checkpoint saved on tpu loads
@@ -225,6 +233,33 @@ def new_tensor(st: Storage, size: tuple, stride: tuple, dtype: torch.dtype, lid:
     t._lay = lay
     t._lid = lid
     return t
+
+
+# Device addresses for `data_ptr()`. The data lives in jax.Arrays whose memory PyTorch never
+# sees, but libraries tell tensors apart, and find the ones that share memory, by their storage's
+# pointer: safetensors and transformers do before saving a state dict. Each storage gets an
+# address range of its own when one is first asked for; nothing dereferences it, as nothing
+# dereferences a CUDA pointer on the host.
+_NEXT_ADDRESS = [0x7E00_0000_0000]
+_construct_storage = torch._C._construct_storage_from_data_pointer
+
+
+def storage_facade(st: Storage) -> torch.UntypedStorage:
+    """The UntypedStorage a tpu tensor reports: its storage's size and device, and an address of
+    its own (0 when empty, as CUDA's). The same object for every view of the storage, so that
+    PyTorch's storage-identity checks (`StorageWeakRef`) see views as sharing it."""
+    try:
+        facade = st.facade
+    except AttributeError:
+        facade = None
+    if facade is None:
+        nbytes = st.nbytes
+        address = 0
+        if nbytes:
+            address = _NEXT_ADDRESS[0]
+            _NEXT_ADDRESS[0] += -(-nbytes // 512) * 512
+        facade = st.facade = _construct_storage(address, DEVICE, nbytes)
+    return facade
 
 
 def offset_of(t: TpuTensor) -> int:

@@ -132,3 +132,54 @@ def test_a_pickled_model_keeps_its_parameters(map_location):
     torch.save(torch.nn.Parameter(torch.ones(3).to("tpu")), buf)
     buf.seek(0)
     assert type(torch.load(buf, map_location="cpu")) is torch.nn.Parameter  # weights_only, too
+
+
+def test_safetensors_saves_and_loads_a_tpu_state_dict(tmp_path):
+    """safetensors (what transformers' save_pretrained writes) finds shared tensors by storage
+    pointer before saving; on tpu tensors that pointer raised, so no tpu model could be saved."""
+    from safetensors.torch import load_file, save_file
+
+    with deferfuse.mode():
+        model, _ = _trained("tpu")
+        state = model.state_dict()
+        save_file(state, tmp_path / "m.safetensors")
+    back = load_file(tmp_path / "m.safetensors")
+    assert set(back) == set(state)
+    for k, v in state.items():
+        torch.testing.assert_close(back[k], v.cpu())
+
+
+@pytest.mark.parametrize("device", ["cpu", "tpu"])
+def test_safetensors_refuses_tensors_that_share_memory_as_on_cpu(tmp_path, device):
+    from safetensors.torch import save_file
+
+    t = torch.arange(12.0, device=device)
+    with pytest.raises(RuntimeError, match="share memory"):
+        save_file({"a": t, "b": t.view(3, 4)}, tmp_path / "s.safetensors")
+    save_file({"a": t, "b": t.clone()}, tmp_path / "s.safetensors")  # distinct storages: fine
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_data_pointers_identify_storages_as_on_cpu(mode):
+    """Pointers are addresses nothing dereferences, but they relate as CPU's do: views share
+    their base's storage pointer and sit at their offset from it, distinct storages differ."""
+    with deferfuse.mode(mode):
+        cpu = torch.arange(24.0).view(4, 6)
+        tpu = cpu.to("tpu")
+        other = tpu.clone()
+        pending = tpu * 2  # a storage whose value is still pending
+        flushes = deferfuse.metrics()["flushes"]
+        for x in (cpu, tpu):
+            row, col = x[2], x[:, 3]
+            size = x.element_size()
+            assert row.untyped_storage().data_ptr() == x.untyped_storage().data_ptr() != 0
+            assert row.data_ptr() - x.data_ptr() == 12 * size
+            assert col.data_ptr() - x.data_ptr() == 3 * size
+            assert x.untyped_storage().nbytes() == 24 * size
+            assert x.storage().data_ptr() == x.untyped_storage().data_ptr()
+        ptrs = {t.untyped_storage().data_ptr() for t in (tpu, other, pending)}
+        assert len(ptrs) == 3
+        assert tpu.untyped_storage().device == tpu.device
+        assert torch.empty(0, device="tpu").data_ptr() == torch.empty(0).data_ptr() == 0
+        assert deferfuse.metrics()["flushes"] == flushes  # asking for pointers syncs nothing
+        torch.testing.assert_close(pending.cpu(), cpu * 2)

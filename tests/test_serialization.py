@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 import deferfuse
 from conftest import MODES
@@ -177,6 +178,7 @@ def test_data_pointers_identify_storages_as_on_cpu(mode):
             assert col.data_ptr() - x.data_ptr() == 3 * size
             assert x.untyped_storage().nbytes() == 24 * size
             assert x.storage().data_ptr() == x.untyped_storage().data_ptr()
+            assert StorageWeakRef(row.untyped_storage()) == StorageWeakRef(x.untyped_storage())
         ptrs = {t.untyped_storage().data_ptr() for t in (tpu, other, pending)}
         assert len(ptrs) == 3
         assert tpu.untyped_storage().device == tpu.device

@@ -102,12 +102,7 @@ def torch_dispatch(cls, func, types, args=(), kwargs=None):
     if ex.checks_before:
         ex.before_op(func, args, kwargs)
     if _SOURCE_LINES and route is not route_view and route is not route_alias:  # views record nothing
-        f = _getframe(1)
-        code = f.f_code
-        if _is_internal_get(id(code)) is False:  # called from user code: user_frame_of's first step
-            _STATE.where = (code, f.f_lasti)
-        else:
-            _STATE.where = _user_frame_of(f) or _user_frame(2)
+        _STATE.where = _user_frame_of(_getframe(1)) or _user_frame(2)
     _EAGER_NOW[0] = ex.runs_eagerly and not _TIMING[0]
     if _TIMING[0]:
         return _timed(ex, route, func, args, kwargs)
@@ -235,7 +230,6 @@ _default = modes._default
 _SOURCE_LINES = CONFIG.source_lines
 _user_frame = sources.user_frame
 _user_frame_of = sources.user_frame_of  # the common case of user_frame, one call less per op
-_is_internal_get = sources._is_internal.get
 _getframe = sys._getframe
 _TIMING = events.TIMING
 

@@ -15,7 +15,7 @@ from . import cache, events, sources, views
 from .config import CONFIG
 from .dtypes import to_jax_dtype
 from .events import METRICS
-from .graph import OUT_BITS, Graph, Node, Op, PeriodDetector, _new_node
+from .graph import OUT_BITS, Graph, Op, PeriodDetector
 from .tensor import LAYOUTS, Storage, TpuTensor, layout_for, new_tensor
 
 
@@ -143,17 +143,9 @@ def record(op: Op, tensors, scalars) -> tuple[Graph, int]:
                 refs.append(-(pos + 1))
                 continue
         refs.append(tensor_ref(g, t))
-    # Graph.add, inline
-    nodes = g.nodes
-    idx = len(nodes)
-    inputs = tuple(refs)
-    lo = len(g.scalars)
-    if scalars:
-        g.scalars.extend(scalars)
-    nodes.append(_new_node(Node, (op, inputs, lo, STREAM.where)))
-    g.sig.append((op.id, inputs))
+    base = g.add(op, tuple(refs), scalars, STREAM.where)
     METRICS.ops_recorded += 1
-    return g, idx << OUT_BITS
+    return g, base
 
 
 def write(t: TpuTensor, new_ref: int, g: Graph) -> None:

@@ -190,7 +190,6 @@ class Graph:
         return -(pos + 1)
 
     def add(self, op: Op, inputs: tuple, scalars, where) -> int:
-        # engine.record, the recording hot path, does the same inline
         idx = len(self.nodes)
         lo = len(self.scalars)
         if scalars:

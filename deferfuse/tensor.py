@@ -248,10 +248,7 @@ def storage_facade(st: Storage) -> torch.UntypedStorage:
     """The UntypedStorage a tpu tensor reports: its storage's size and device, and an address of
     its own (0 when empty, as CUDA's). The same object for every view of the storage, so that
     PyTorch's storage-identity checks (`StorageWeakRef`) see views as sharing it."""
-    try:
-        facade = st.facade
-    except AttributeError:
-        facade = None
+    facade = getattr(st, "facade", None)  # a slot set on first use only: Storage() is on the hot path
     if facade is None:
         nbytes = st.nbytes
         address = 0

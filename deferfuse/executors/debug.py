@@ -20,6 +20,7 @@ import torch
 
 from .. import backward, engine, modes, sources
 from ..config import CONFIG
+from ..dtypes import is_floating
 from ..meta import CLASS_TARGETS
 from ..tensor import TpuTensor
 from .base import EagerMode, Executor
@@ -220,11 +221,8 @@ def _check_integer_divisor(func, args, kwargs) -> None:
     name = func._overloadpacket.__name__
     if name.startswith("div") and kwargs.get("rounding_mode") is None:  # keyword-only in every div
         return  # true division: a float result, inf or nan as on CPU
-    operands = (args[0], args[1])
-    for x in operands:
-        dtype = x.dtype if isinstance(x, torch.Tensor) else type(x)
-        if dtype in (float, complex) or (isinstance(dtype, torch.dtype) and (dtype.is_floating_point
-                                                                              or dtype.is_complex)):
+    for x in (args[0], args[1]):
+        if type(x) in (float, complex) or (isinstance(x, torch.Tensor) and is_floating(x.dtype)):
             return  # a floating result: no error on CPU either
     d = args[1]
     if isinstance(d, TpuTensor):

@@ -431,10 +431,11 @@ _impls = None
 
 
 def _copy_from(src, dst, non_blocking=False):
+    from .backward import STOP
     from .dispatch import dispatch
 
-    dispatch(torch.ops.aten.copy_.default, (dst, src), {})
-    return dst
+    out = dispatch(torch.ops.aten.copy_.default, (dst, src), {})
+    return STOP if out is STOP else dst  # STOP: the engine must fail here (backward.py)
 
 
 def _local_scalar_dense(t):

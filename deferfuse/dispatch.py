@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 from torch._decomp import core_aten_decompositions, decomposition_table
 
-from . import cache, engine, events, expansion, lanes, modes, mutation, rng, sources, special, tensor
+from . import backward, cache, engine, events, expansion, lanes, modes, mutation, rng, sources, special, tensor
 from .config import CONFIG
 from .events import METRICS
 from .graph import Op
@@ -98,21 +98,26 @@ def torch_dispatch(cls, func, types, args=(), kwargs=None):
             return route(func, args, kwargs)
         finally:
             _depth -= 1
-    ex = _stack[-1] if _stack else _default[0]
-    if ex.checks_before:
-        ex.before_op(func, args, kwargs)
-    if _SOURCE_LINES and route is not route_view and route is not route_alias:  # views record nothing
-        _STATE.where = _user_frame_of(_getframe(1)) or _user_frame(2)
-    _EAGER_NOW[0] = ex.runs_eagerly and not _TIMING[0]
-    if _TIMING[0]:
-        return _timed(ex, route, func, args, kwargs)
-    _depth = 1
     try:
-        out = route(func, args, kwargs)
-    finally:
-        _depth = 0
-    ex.after_op(func, out)
-    return out
+        ex = _stack[-1] if _stack else _default[0]
+        if ex.checks_before:
+            ex.before_op(func, args, kwargs)
+        if _SOURCE_LINES and route is not route_view and route is not route_alias:  # views record nothing
+            _STATE.where = _user_frame_of(_getframe(1)) or _user_frame(2)
+        _EAGER_NOW[0] = ex.runs_eagerly and not _TIMING[0]
+        if _TIMING[0]:
+            return _timed(ex, route, func, args, kwargs)
+        _depth = 1
+        try:
+            out = route(func, args, kwargs)
+        finally:
+            _depth = 0
+        ex.after_op(func, out)
+        return out
+    except BaseException as err:
+        if _into_engine():  # raised into the autograd engine's C++, it would abort the process
+            return _stop(err)
+        raise
 
 
 def _timed(ex, route, func, args, kwargs):
@@ -232,6 +237,8 @@ _user_frame = sources.user_frame
 _user_frame_of = sources.user_frame_of  # the common case of user_frame, one call less per op
 _getframe = sys._getframe
 _TIMING = events.TIMING
+_into_engine = backward.into_engine
+_stop = backward.stop
 
 
 def emit(r: Recipe, tensors, scalars, key=None):

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 import torch
 
-from . import dtypes, views
+from . import backward, dtypes, views
 from .device import NAME
 
 DEVICE = torch.device(NAME, 0)
@@ -157,6 +157,15 @@ class TpuTensor(torch.Tensor):
         if self.dim() == 0 and not self.is_meta and type(self) is TpuTensor:
             return _with_cause("print", lambda: self.item().__format__(spec))
         return object.__format__(self, spec)
+
+    # The engine calls these hooks from C++, where an exception they raise would abort the
+    # process: backward.py parks it for backward() to raise
+    def register_hook(self, hook):
+        return torch.Tensor.register_hook(self, backward.guard_hook(hook, backward.tensor_hook_failed))
+
+    def register_post_accumulate_grad_hook(self, hook):
+        return torch.Tensor.register_post_accumulate_grad_hook(
+            self, backward.guard_hook(hook, backward.tensor_hook_failed))
 
     def untyped_storage(self) -> torch.UntypedStorage:
         return storage_facade(self._st)

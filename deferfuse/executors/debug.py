@@ -18,7 +18,7 @@ import math
 import jax.numpy as jnp
 import torch
 
-from .. import backward, engine, modes, sources
+from .. import engine, modes, sources
 from ..config import CONFIG
 from ..dtypes import is_floating
 from ..meta import CLASS_TARGETS
@@ -66,12 +66,6 @@ class DebugExecutor(Executor):
     checks_before = True
 
     def before_op(self, func, args, kwargs) -> None:
-        try:
-            self._check_before(func, args, kwargs)
-        except Exception as e:  # noqa: BLE001  (inside backward it must wait: see backward.py)
-            backward.raise_or_defer(e)
-
-    def _check_before(self, func, args, kwargs) -> None:
         spec = _INDEXED.get(func)
         if spec is not None:
             _check_indices(func, spec, args, kwargs)
@@ -100,11 +94,10 @@ class DebugExecutor(Executor):
                     if not bool(jnp.isfinite(st.value).all()):
                         if _reported_in_info(func, out):
                             return
-                        backward.raise_or_defer(RuntimeError(
+                        raise RuntimeError(
                             f"deferfuse debug: {func} produced NaN or Inf from finite inputs "
                             f"(at {sources.fmt(where)}); set DEFERFUSE_DEBUG_NAN_CHECK=0 to disable this check"
-                        ))
-                        return
+                        )
 
 
 def _reported_in_info(func, out) -> bool:

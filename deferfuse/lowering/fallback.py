@@ -72,17 +72,11 @@ def _walk(func, args, kwargs):
 
 def _sparse(func, x: torch.Tensor):
     """tpu tensors are strided only. The common way in is nn.Embedding / nn.EmbeddingBag with
-    sparse=True, whose backward builds a sparse gradient: an error raised inside backward would
-    abort the process (see backward.py), so there it waits for backward() to return, and the
-    gradient meanwhile is dense zeros."""
-    from ..backward import raise_or_defer
-    from ..tensor import from_concrete
-
-    raise_or_defer(NotImplementedError(
+    sparse=True, whose backward builds a sparse gradient (raised from backward(): backward.py)."""
+    raise NotImplementedError(
         f"deferfuse: tpu tensors cannot have a sparse layout ('{func}' made a {x.layout} tensor). nn.Embedding "
         "and nn.EmbeddingBag with sparse=True make sparse gradients: use sparse=False on tpu (dense gradients, "
-        "the same values)."))
-    return from_concrete(jax.numpy.zeros(tuple(x.shape), to_jax_dtype(x.dtype)), x.dtype)
+        "the same values).")
 
 
 def _try_record(func, args, kwargs, key, tensors, scalars):

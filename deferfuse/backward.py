@@ -11,8 +11,9 @@ C++ on a tpu backward.
 What happens instead: the error is parked here, and the engine is stopped by a failure of its
 own, in C++, with no Python error pending:
 - a tpu op returns STOP, which PyTorch cannot convert to the op's result;
-- a hook returns a value the engine rejects: a CPU tensor for a tpu gradient, a tuple of the
-  wrong length, something other than None from a post-accumulate-grad hook.
+- a hook returns a value the engine rejects: a CPU tensor for a tpu gradient or parameter, a
+  tuple of the wrong length for a node's gradients, something other than a tensor from a saved
+  tensor's unpack hook.
 The engine unwinds as from any error of its own (nothing after the failing op runs, so no
 gradient is written), and `backward()` / `autograd.grad()` raise the parked error in place of
 the engine's: the original exception, its type and traceback intact, at the user's line.
@@ -93,6 +94,10 @@ def _node_hook_failed(grads, *_):
     return (None,) * (len(grads) + 1)  # the engine checks the count first
 
 
+def _unpack_failed(packed):
+    return STOP  # the engine checks that an unpack hook gives a tensor
+
+
 def guard_hook(hook, failed, tpu_only=False):
     """`hook`, with an exception it raises on a tpu backward parked and `failed(*args)` returned
     to the engine in its place. `tpu_only`: leave hooks of other devices' backward passes be
@@ -148,3 +153,13 @@ def install() -> None:
         return base_prehook(self, guard_hook(fn, _node_hook_failed, tpu_only=True))
 
     node.register_hook, node.register_prehook = register_hook, register_prehook
+
+    # saved_tensors_hooks' unpack hook runs as the engine reads a saved tensor: it is where
+    # torch.utils.checkpoint (use_reentrant=False) recomputes the forward and checks it
+    saved = torch.autograd.graph.saved_tensors_hooks
+    base_init = saved.__init__
+
+    def __init__(self, pack_hook, unpack_hook):
+        base_init(self, pack_hook, guard_hook(unpack_hook, _unpack_failed))
+
+    saved.__init__ = __init__

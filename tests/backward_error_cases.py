@@ -10,6 +10,7 @@ import json
 import sys
 
 import torch
+import torch.utils.checkpoint
 
 import deferfuse
 from deferfuse import dispatch
@@ -98,8 +99,30 @@ def second_order(d, x):
     g.sum().backward()
 
 
+def saved_tensors_unpack_hook(d, x):
+    def unpack(t):
+        raise ValueError("cannot unpack")
+
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, unpack):
+        y = (x * x).sum()
+    y.backward()
+
+
+def checkpoint_recompute_fails(d, x):  # torch.utils.checkpoint recomputes in an unpack hook
+    calls = []
+
+    def block(a):
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("recomputation failed")
+        return (a * a).sin()
+
+    torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False).sum().backward()
+
+
 CASES = [tensor_hook, post_accumulate_hook, module_hook, module_pre_hook, module_hook_wrong_count,
-         function_node_hook, multi_grad_hook, autograd_grad, tpu_op_in_hook, keyboard_interrupt, second_order]
+         function_node_hook, multi_grad_hook, autograd_grad, tpu_op_in_hook, keyboard_interrupt, second_order,
+         saved_tensors_unpack_hook, checkpoint_recompute_fails]
 
 
 def outcome(fn, d: str) -> dict:

@@ -19,7 +19,7 @@ from conftest import MODES
 HERE = os.path.dirname(os.path.abspath(__file__))
 CASES = ["tensor_hook", "post_accumulate_hook", "module_hook", "module_pre_hook", "module_hook_wrong_count",
          "function_node_hook", "multi_grad_hook", "autograd_grad", "tpu_op_in_hook", "keyboard_interrupt",
-         "second_order"]
+         "second_order", "saved_tensors_unpack_hook", "checkpoint_recompute_fails"]
 
 
 @pytest.fixture(scope="module")

@@ -448,19 +448,18 @@ def route_index_put(func, args, kwargs):
 
     x, indices, values = args[0], list(args[1]), args[2]
     _check_index_dtypes(indices)
-    if func is not aten._unsafe_index_put.default and isinstance(values, torch.Tensor) and values.dtype != x.dtype:
-        # CPU requires the source's dtype to be the destination's; XLA would cast. Its message:
-        with torch.utils._python_dispatch._disable_current_modes():
-            torch.zeros(1, dtype=x.dtype).index_put_((torch.zeros(1, dtype=torch.long),),
-                                                     torch.zeros(1, dtype=values.dtype))
     accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
     inplace = func is aten.index_put_.default
-    if _has_mask(indices):
+    mask = _has_mask(indices)
+    if mask:
         _check_mask_shapes(x, indices)
         m = indices[0]
         if len(indices) == 1 and not accumulate and values.numel() == 1 and isinstance(m, TpuTensor):
+            # CPU's masked_fill_ path, taken before any dtype check: a one-element value of any
+            # dtype fills (cast as a number), and a uint8 mask is refused there
             if m.dtype != torch.bool:
-                m = dispatch(aten._to_copy.default, (m,), {"dtype": torch.bool})
+                with torch.utils._python_dispatch._disable_current_modes():
+                    torch.zeros(1).masked_fill_(torch.zeros(1, dtype=m.dtype), 0)  # raises CPU's error
             m = dispatch(aten.view.default, (m, tuple(m.shape) + (1,) * (x.dim() - m.dim())), {})
             v = values.reshape(()) if isinstance(values, TpuTensor) else values.reshape(()).to(x.dtype)
             result = dispatch(aten.where.self, (m, v, x), {})
@@ -470,6 +469,12 @@ def route_index_put(func, args, kwargs):
                 assign(x, result)
                 return x
             return result
+    if func is not aten._unsafe_index_put.default and isinstance(values, torch.Tensor) and values.dtype != x.dtype:
+        # CPU requires the source's dtype to be the destination's; XLA would cast. Its message:
+        with torch.utils._python_dispatch._disable_current_modes():
+            torch.zeros(1, dtype=x.dtype).index_put_((torch.zeros(1, dtype=torch.long),),
+                                                     torch.zeros(1, dtype=values.dtype))
+    if mask:
         indices = bool_indices_to_long(indices)
     if inplace:
         assign(x, dispatch(aten.index_put.default, (x, indices, values, accumulate), {}))

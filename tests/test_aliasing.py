@@ -338,6 +338,46 @@ def test_index_put_of_another_dtype_raises_like_cpu(values, call):
     assert isinstance(check_raises_like_cpu(run, "defer_and_fuse"), RuntimeError)
 
 
+@pytest.mark.parametrize("value", [torch.tensor(2.5, dtype=torch.float64), torch.tensor([7]), torch.tensor(True),
+                                   torch.tensor(-3.7)], ids=["f64", "i64 one element", "bool", "f32"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.bool])
+def test_mask_put_of_one_value_of_any_dtype_fills_like_cpu(value, dtype):
+    """x[mask] = v with a one-element v is CPU's masked_fill_, taken before the dtype check: v
+    of any dtype fills, cast as a number (tpu raised the dtype error of other index_puts)."""
+    def run(d):
+        m = torch.tensor([True, False, True, False]).to(d)
+        x = torch.arange(4).to(dtype).to(d)
+        x[m] = value.to(d)
+        y = torch.zeros(2, 3, dtype=dtype).to(d).index_put((m[:2],), value.to(d))
+        return [x, y]
+
+    check_all_modes(run)
+
+
+@pytest.mark.parametrize("call", ["setitem", "index_put_", "index_put"])
+def test_uint8_mask_with_one_value_raises_like_cpu(call):
+    """CPU's masked_fill_ path refuses a uint8 mask; tpu assigned through it. With more values
+    than one, CPU takes a uint8 mask (deprecated), and so does tpu."""
+    def run(d):
+        x, m, v = torch.zeros(4).to(d), torch.tensor([1, 0, 1, 0], dtype=torch.uint8).to(d), torch.tensor(1.0).to(d)
+        if call == "setitem":
+            x[m] = v
+        elif call == "index_put_":
+            x.index_put_((m,), v)
+        else:
+            x.index_put((m,), v)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "indexing with dtype torch.uint8 is now deprecated"
+        assert isinstance(check_raises_like_cpu(run, "strict"), RuntimeError)
+
+        def several(d):
+            x = torch.zeros(4).to(d)
+            x[torch.tensor([1, 0, 1, 0], dtype=torch.uint8).to(d)] = torch.tensor([5.0, 6.0]).to(d)
+            return x
+
+        check_all_modes(several)
+
 
 _SOURCE_OF_ANOTHER_DTYPE = {
     "index_add": lambda x, i, s: x.index_add(0, i, s),

@@ -14,9 +14,9 @@ own, in C++, with no Python error pending:
 - a hook returns a value the engine rejects: a CPU tensor for a tpu gradient or parameter, a
   tuple of the wrong length for a node's gradients, something other than a tensor from a saved
   tensor's unpack hook.
-The engine unwinds as from any error of its own (nothing after the failing op runs, so no
-gradient is written), and `backward()` / `autograd.grad()` raise the parked error in place of
-the engine's: the original exception, its type and traceback intact, at the user's line.
+The engine unwinds as from any error of its own (nothing after the failing op or hook runs, as
+on CPU), and `backward()` / `autograd.grad()` raise the parked error in place of the engine's:
+the original exception, its type and traceback intact, at the user's line.
 
 An exception raised in Python code the engine calls (a custom Function's backward, a hook) by a
 tpu op inside it is not parked: it propagates through that code as it would on CPU.

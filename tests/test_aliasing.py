@@ -322,18 +322,22 @@ def test_numbers_that_fit_still_fill():
     check_all_modes(run)
 
 
+def _put(call: str, x, i, v):
+    """x[i] = v through one of the three ways in."""
+    if call == "setitem":
+        x[i] = v
+    elif call == "index_put_":
+        x.index_put_((i,), v)
+    else:
+        x.index_put((i,), v)
+
+
 @pytest.mark.parametrize("values", [torch.tensor([1.5, 2.5], dtype=torch.float64), torch.tensor(7)], ids=["f64", "i64"])
 @pytest.mark.parametrize("call", ["setitem", "index_put_", "index_put"])
 def test_index_put_of_another_dtype_raises_like_cpu(values, call):
     def run(d):
         x, i = torch.zeros(3, dtype=torch.int32).to(d), torch.tensor([0, 1]).to(d)
-        v = values.to(d) if values.dim() else values
-        if call == "setitem":
-            x[i] = v
-        elif call == "index_put_":
-            x.index_put_((i,), v)
-        else:
-            x.index_put((i,), v)
+        _put(call, x, i, values.to(d) if values.dim() else values)
 
     assert isinstance(check_raises_like_cpu(run, "defer_and_fuse"), RuntimeError)
 
@@ -359,13 +363,7 @@ def test_uint8_mask_with_one_value_raises_like_cpu(call):
     """CPU's masked_fill_ path refuses a uint8 mask; tpu assigned through it. With more values
     than one, CPU takes a uint8 mask (deprecated), and so does tpu."""
     def run(d):
-        x, m, v = torch.zeros(4).to(d), torch.tensor([1, 0, 1, 0], dtype=torch.uint8).to(d), torch.tensor(1.0).to(d)
-        if call == "setitem":
-            x[m] = v
-        elif call == "index_put_":
-            x.index_put_((m,), v)
-        else:
-            x.index_put((m,), v)
+        _put(call, torch.zeros(4).to(d), torch.tensor([1, 0, 1, 0], dtype=torch.uint8).to(d), torch.tensor(1.0).to(d))
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "indexing with dtype torch.uint8 is now deprecated"

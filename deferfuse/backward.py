@@ -108,7 +108,7 @@ def guard_hook(hook, failed, tpu_only=False):
         try:
             return hook(*args)
         except BaseException as err:
-            if not _ACTIVE[0] or tpu_only and not _any_tpu(args):
+            if not _ACTIVE[0] or (tpu_only and not _any_tpu(args)):
                 raise
             park(err)
             return failed(*args)

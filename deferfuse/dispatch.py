@@ -104,36 +104,25 @@ def torch_dispatch(cls, func, types, args=(), kwargs=None):
             ex.before_op(func, args, kwargs)
         if _SOURCE_LINES and route is not route_view and route is not route_alias:  # views record nothing
             _STATE.where = _user_frame_of(_getframe(1)) or _user_frame(2)
-        _EAGER_NOW[0] = ex.runs_eagerly and not _TIMING[0]
-        if _TIMING[0]:
-            return _timed(ex, route, func, args, kwargs)
+        timing = _TIMING[0]  # the report is on: time spent recording, excluding flushes
+        _EAGER_NOW[0] = ex.runs_eagerly and not timing
+        if timing:
+            m = METRICS
+            t0 = time.perf_counter()
+            f0, w0 = m.flush_seconds, m.sync_wait_seconds
         _depth = 1
         try:
             out = route(func, args, kwargs)
         finally:
             _depth = 0
         ex.after_op(func, out)
+        if timing:
+            m.record_seconds += (time.perf_counter() - t0) - (m.flush_seconds - f0) - (m.sync_wait_seconds - w0)
         return out
     except BaseException as err:
         if _into_engine():  # raised into the autograd engine's C++, it would abort the process
             return _stop(err)
         raise
-
-
-def _timed(ex, route, func, args, kwargs):
-    """The top-level path with the report on: time spent recording, excluding flushes."""
-    global _depth
-    m = METRICS
-    t0 = time.perf_counter()
-    f0, w0 = m.flush_seconds, m.sync_wait_seconds
-    _depth = 1
-    try:
-        out = route(func, args, kwargs)
-    finally:
-        _depth = 0
-    ex.after_op(func, out)
-    m.record_seconds += (time.perf_counter() - t0) - (m.flush_seconds - f0) - (m.sync_wait_seconds - w0)
-    return out
 
 
 def spec_of(func) -> ArgSpec:

@@ -450,8 +450,8 @@ def route_index_put(func, args, kwargs):
     _check_index_dtypes(indices)
     accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
     inplace = func is aten.index_put_.default
-    mask = _has_mask(indices)
-    if mask:
+    has_mask = _has_mask(indices)
+    if has_mask:
         _check_mask_shapes(x, indices)
         m = indices[0]
         if len(indices) == 1 and not accumulate and values.numel() == 1 and isinstance(m, TpuTensor):
@@ -474,7 +474,7 @@ def route_index_put(func, args, kwargs):
         with torch.utils._python_dispatch._disable_current_modes():
             torch.zeros(1, dtype=x.dtype).index_put_((torch.zeros(1, dtype=torch.long),),
                                                      torch.zeros(1, dtype=values.dtype))
-    if mask:
+    if has_mask:
         indices = bool_indices_to_long(indices)
     if inplace:
         assign(x, dispatch(aten.index_put.default, (x, indices, values, accumulate), {}))

@@ -76,10 +76,16 @@ class PeriodDetector:
     multiple of P from where the repetition started, so each iteration is cut in the same place.
     """
 
-    __slots__ = ("lookback", "hist", "sizes", "n", "last", "runs", "stretch", "longest", "longest_span")
+    __slots__ = ("lookback", "hist", "sizes", "n", "last", "runs", "stretch", "longest", "longest_span", "locked",
+                 "lock_run", "can_lock")
 
-    def __init__(self, lookback: int):
+    # the longest period `push` may lock onto (checking that a period's ops are distinct is a set
+    # of that many hashes, paid once per lock)
+    LOCK_MAX = 64
+
+    def __init__(self, lookback: int, can_lock: bool = True):
         self.lookback = lookback
+        self.can_lock = can_lock
         self.reset()
 
     def reset(self) -> None:
@@ -91,6 +97,8 @@ class PeriodDetector:
         self.stretch = 0
         self.longest = 0
         self.longest_span = 0
+        self.locked = 0  # the period a tight loop has locked onto, or 0 (see `push`)
+        self.lock_run = 0
 
     def push(self, h: int, size: int = 1) -> int:
         """Record op hash h; return the smallest established period whose boundary this is, or 0.
@@ -99,7 +107,32 @@ class PeriodDetector:
         filled the graph by itself, not two equal ops in a row inside a layer), and `longest`
         and `longest_span`: the longest period whose boundary this is, and how many ops it has
         repeated over (a cut there is between whole training steps only if that span covers
-        everything pending, not just the layers of one forward pass)."""
+        everything pending, not just the layers of one forward pass).
+
+        A tight loop is the case where this runs once per op of a stream that costs little else
+        to record, so it gets a fast path: once the only live candidate is an established period
+        p whose p ops are all different, the general walk below can only ever extend that one
+        run (each op's previous occurrence is exactly p back, so no new candidate starts).
+        While locked, an op that matches the op p earlier only extends the run, and `last`,
+        which the walk would update, is rebuilt from the last p ops when the stream breaks."""
+        lp = self.locked
+        if lp:
+            n = self.n
+            hist = self.hist
+            if hist[n - lp] == h:
+                hist.append(h)
+                self.sizes.append(size)
+                self.n = n + 1
+                r = self.lock_run = self.lock_run + 1
+                if n >= 2 * self.lookback:
+                    self._trim(n)
+                if r % lp:
+                    self.stretch = self.longest = self.longest_span = 0
+                    return 0
+                self.stretch = self.longest_span = r + lp
+                self.longest = lp
+                return lp
+            self._unlock()
         n = self.n
         hist = self.hist
         hist.append(h)
@@ -146,12 +179,30 @@ class PeriodDetector:
         self.longest = top
         self.longest_span = span
         if n >= 2 * self.lookback:
-            drop = n + 1 - self.lookback
-            del hist[:drop]
-            del self.sizes[:drop]
-            self.n -= drop
-            self.last = {k: v - drop for k, v in last.items() if v >= drop}
+            self._trim(n)
+        if len(runs) == 1 and self.can_lock:
+            for p, r in runs.items():
+                if r >= p and not r % p and p <= self.LOCK_MAX and len(set(hist[-p:])) == p:
+                    self.locked = p
+                    self.lock_run = r
         return best
+
+    def _trim(self, n: int) -> None:
+        drop = n + 1 - self.lookback
+        del self.hist[:drop]
+        del self.sizes[:drop]
+        self.n -= drop
+        self.last = {k: v - drop for k, v in self.last.items() if v >= drop}
+
+    def _unlock(self) -> None:
+        """Leave the fast path: give the general walk the state it would have kept itself."""
+        lp = self.locked
+        self.locked = 0
+        self.runs = {lp: self.lock_run}
+        hist = self.hist
+        last = self.last
+        for i in range(self.n - lp, self.n):
+            last[hist[i]] = i
 
     def nodes_in(self, k: int) -> int:
         """Nodes recorded by the last k ops (one period of the stream, or a whole run of them)."""

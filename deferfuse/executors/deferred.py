@@ -48,10 +48,13 @@ class DeferredExecutor(Executor):
         # iterations shared, and must not break the period.
         p = period.push((func._df.fid << 32) ^ nodes[-1].op.shape_hash, added)
         if p:
-            block = CONFIG.fuse_block_ops
-            if (period.stretch >= CONFIG.period_min_ops <= n and p < block and period.nodes_in(p) < block) or (
-                period.longest and period.nodes_in(period.longest) >= block
-                and period.nodes_in(period.longest_span) >= min(n, CONFIG.step_min_ops)
+            c = CONFIG
+            block = c.fuse_block_ops
+            longest = period.longest
+            per = added if p == 1 else period.nodes_in(p)  # nodes one period records
+            if (p < block and per < block and period.stretch >= c.period_min_ops <= n) or (
+                longest and (per if longest == p else period.nodes_in(longest)) >= block
+                and period.nodes_in(period.longest_span) >= min(n, c.step_min_ops)
             ):
                 engine.flush("repeated_op_heuristic", stream.where)
                 return

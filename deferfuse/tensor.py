@@ -107,6 +107,9 @@ def _with_cause(cause: str, fn, *args):
 class TpuTensor(torch.Tensor):
     """A tensor on the "tpu" device. Its ATen calls go to deferfuse's dispatcher."""
 
+    # Slots, not the instance __dict__ PyTorch gives every tensor: the three are set on every
+    # recorded op's output, and a slot write skips creating that dict (about 0.25 µs an op)
+    __slots__ = ("_st", "_lay", "_lid")
     _st: Storage
     _lay: tuple | None  # None: the tensor is its whole storage, contiguous; else (plan, offset)
     _lid: int  # interned (size, stride, dtype)

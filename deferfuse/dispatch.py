@@ -103,7 +103,12 @@ def torch_dispatch(cls, func, types, args=(), kwargs=None):
         if ex.checks_before:
             ex.before_op(func, args, kwargs)
         if _SOURCE_LINES and route is not route_view and route is not route_alias:  # views record nothing
-            _STATE.where = _user_frame_of(_getframe(1)) or _user_frame(2)
+            f = _getframe(1)  # the user's own frame when the op is on their line, the common case
+            code = f.f_code
+            if _is_internal.get(id(code)) is False:
+                _STATE.where = (code, f.f_lasti)
+            else:
+                _STATE.where = _user_frame_of(f) or _user_frame(2)
         timing = _TIMING[0]  # the report is on: time spent recording, excluding flushes
         _EAGER_NOW[0] = ex.runs_eagerly and not timing
         if timing:
@@ -224,6 +229,7 @@ _default = modes._default
 _SOURCE_LINES = CONFIG.source_lines
 _user_frame = sources.user_frame
 _user_frame_of = sources.user_frame_of  # the common case of user_frame, one call less per op
+_is_internal = sources._is_internal
 _getframe = sys._getframe
 _TIMING = events.TIMING
 _into_engine = backward.into_engine

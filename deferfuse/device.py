@@ -215,7 +215,8 @@ def _follow_default_dtype() -> None:
     from . import dispatch, expansion, mutation, special
 
     def forget():
-        for cache in (dispatch._RECIPES, mutation._INPLACE, expansion._KEPT, special._UNINIT):
+        dispatch.forget_recipes()
+        for cache in (mutation._INPLACE, expansion._KEPT, special._UNINIT):
             cache.clear()
 
     for name in ("set_default_dtype", "set_default_tensor_type"):

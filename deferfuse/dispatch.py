@@ -55,17 +55,18 @@ class FuncInfo:
     """Per-overload dispatch state, stored on the OpOverload itself (`func._df`): an attribute
     read is several times cheaper than hashing an OpOverload, whose __hash__ is Python."""
 
-    __slots__ = ("route", "spec", "fid", "pairs")
+    __slots__ = ("route", "spec", "fid", "whole", "whole_n")
 
     def __init__(self, func):
         self.fid = len(_FUNC_IDS)
         _FUNC_IDS.append(func)
         self.spec = None
         self.route = None
-        # (layout id, layout id) -> Recipe, for a lowered op called with two whole tpu tensors and
-        # nothing else (`x + y`, `x * y`: most of a model's elementwise ops); None where the
-        # schema's first two arguments are not both tensors
-        self.pairs = None
+        # Recipes of a lowered op called with one or two whole tpu tensors and nothing else
+        # (`x + y`, `x.relu()`: most of a model's elementwise ops), under the tensors' layout ids
+        # (a lid, or a pair of them); `whole_n` of the schema's first arguments are tensors
+        self.whole: dict = {}
+        self.whole_n = 0
 
 
 def info_of(func) -> FuncInfo:
@@ -147,8 +148,7 @@ def spec_of(func) -> ArgSpec:
                              aten._unsafe_index.Tensor, aten._unsafe_index_put.default)
         spec = info.spec = ArgSpec(func, info.fid, low.static if low else (), allow_cpu,
                                    low.runtime if low else ())
-        if spec.pos[:2] == [T, T]:
-            info.pairs = {}
+        info.whole_n = 2 if spec.pos[:2] == [T, T] else 1 if spec.pos[:1] == [T] else 0
     return spec
 
 
@@ -322,20 +322,27 @@ def forget_recipes() -> None:
     _RECIPES.clear()
     for func in _FUNC_IDS:
         info = func._df
-        if info.pairs:
-            info.pairs = {}
+        info.whole = {}
 
 
 def route_lowered(func, args, kwargs):
     info = func._df
-    if len(args) == 2 and not kwargs and info.pairs is not None:
-        # the signature walk's key for such a call is (fid, 2, a's layout, b's layout): the
-        # recipe it found is kept under the two layouts alone
-        a, b = args
-        if type(a) is TpuTensor and type(b) is TpuTensor:
-            r = info.pairs.get((a._lid, b._lid))
-            if r is not None:
-                return emit(r, [a, b], [], rng.next_key() if r.rng else None)
+    n = len(args)
+    if n <= info.whole_n and not kwargs:
+        # the signature walk's key for such a call is (fid, n, the tensors' layout ids): the
+        # recipe it found is kept under the ids alone
+        if n == 2:
+            a, b = args
+            if type(a) is TpuTensor and type(b) is TpuTensor:
+                r = info.whole.get((a._lid, b._lid))
+                if r is not None:
+                    return emit(r, [a, b], [], rng.next_key() if r.rng else None)
+        elif n == 1:
+            a = args[0]
+            if type(a) is TpuTensor:
+                r = info.whole.get(a._lid)
+                if r is not None:
+                    return emit(r, [a], [], rng.next_key() if r.rng else None)
     spec = info.spec or spec_of(func)
     key, tensors, scalars = signature(spec, args, kwargs)
     r = _RECIPES.get(key)
@@ -344,8 +351,8 @@ def route_lowered(func, args, kwargs):
         if low.supports is not None and not low.supports(*meta_args(args, kwargs)):
             return fallback.run(func, args, kwargs, reason="unsupported arguments")
         r = _RECIPES[key] = _make_recipe(func, spec, key, args, kwargs, low)
-    if info.pairs is not None and len(args) == 2 and not kwargs and len(tensors) == 2 and not scalars:
-        info.pairs[key[2], key[3]] = r
+    if 0 < n <= info.whole_n and not kwargs and all(type(a) is TpuTensor for a in args):
+        info.whole[key[2] if n == 1 else key[2:4]] = r
     return emit(r, tensors, scalars, rng.key_for(kwargs) if r.rng else None)
 
 

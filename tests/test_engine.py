@@ -284,6 +284,7 @@ def test_set_default_dtype_is_followed_after_a_call_was_cached(mode):
         "arange float": lambda d: torch.arange(0.0, 2.0, device=d),
         "int / 2": lambda d: torch.arange(3, device=d) / 2,
         "int / int": lambda d: torch.arange(3, device=d) / torch.arange(1, 4, device=d),
+        "int sqrt": lambda d: torch.arange(3, device=d).sqrt(),
         "Linear": lambda d: torch.nn.Linear(2, 2, device=d).weight,
     }
     try:

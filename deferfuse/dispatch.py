@@ -332,18 +332,15 @@ def route_lowered(func, args, kwargs):
     if n <= info.whole_n and not kwargs:
         # the signature walk's key for such a call is (fid, n, the tensors' layout ids): the
         # recipe it found is kept under the ids alone
+        r = None
         if n == 2:
             a, b = args
             if type(a) is TpuTensor and type(b) is TpuTensor:
                 r = info.whole.get((a._lid, b._lid))
-                if r is not None:
-                    return emit(r, [a, b], [], rng.next_key() if r.rng else None)
-        elif n == 1:
-            a = args[0]
-            if type(a) is TpuTensor:
-                r = info.whole.get(a._lid)
-                if r is not None:
-                    return emit(r, [a], [], rng.next_key() if r.rng else None)
+        elif n == 1 and type(args[0]) is TpuTensor:
+            r = info.whole.get(args[0]._lid)
+        if r is not None:
+            return emit(r, [*args], [], rng.next_key() if r.rng else None)
     spec = info.spec or spec_of(func)
     key, tensors, scalars = signature(spec, args, kwargs)
     r = _RECIPES.get(key)

@@ -265,10 +265,10 @@ def _build(g: Graph, out_refs: tuple, key: Key, block_ops: int | None = None) ->
             n = nodes[i]
             scalar_ids.extend(range(n.scalar_lo, n.scalar_lo + n.op.n_scalars))
         gkey = group_key(g, grp)
-        fn = _group_program(g, grp, scalar_ids, gkey)
+        fn, layout = _group_program(g, grp, scalar_ids, gkey)
         # held besides the step's input list: g.inputs holds the graph's inputs
         expect = [_ONLY_THE_LIST + (r < 0) for r in grp.in_refs]
-        prog = _compiled(g, grp, gkey, fn, None, None, expect)
+        prog = _compiled(g, grp, gkey, fn, None, None, expect, layout)
         plan.steps.append(Step(grp, prog, scalar_ids, [nodes[i].op.name for i in grp.nodes]))
     last: dict[int, int] = {}
     for si, step in enumerate(plan.steps):
@@ -286,14 +286,20 @@ def _build(g: Graph, out_refs: tuple, key: Key, block_ops: int | None = None) ->
 _GROUP_PROGRAMS: dict[tuple, Any] = {}
 
 
-def _group_program(g: Graph, grp, scalar_ids, key: tuple | None = None) -> Any:
+def _group_program(g: Graph, grp, scalar_ids, key: tuple | None = None) -> tuple:
+    """(jitted program, its scalar layout): the layout follows from the key, which holds the
+    Python type of every runtime scalar (program.scalar_layout)."""
     if key is None:
         key = group_key(g, grp)
-    fn = _GROUP_PROGRAMS.get(key)
-    if fn is None:
-        fn = _GROUP_PROGRAMS[key] = jax.jit(program.build(g.nodes, grp.nodes, grp.in_refs, grp.out_refs, scalar_ids))
+    entry = _GROUP_PROGRAMS.get(key)
+    if entry is None:
+        fn = program.build(g.nodes, grp.nodes, grp.in_refs, grp.out_refs, scalar_ids)
+        layout = program.scalar_layout([g.scalars[i] for i in scalar_ids])
+        if layout is not None:
+            fn = program.unpacking(fn, layout)
+        entry = _GROUP_PROGRAMS[key] = (jax.jit(fn), layout)
         METRICS.programs_built += 1
-    return fn
+    return entry
 
 
 def _single_program(g: Graph, grp, out_refs: tuple) -> "Compiled":
@@ -301,7 +307,7 @@ def _single_program(g: Graph, grp, out_refs: tuple) -> "Compiled":
     grp.out_refs = [out_refs[k] for k in order]
     ids = [i for n in (g.nodes[i] for i in grp.nodes) for i in range(n.scalar_lo, n.scalar_lo + n.op.n_scalars)]
     key = group_key(g, grp)
-    fn = _group_program(g, grp, ids, key)
+    fn, layout = _group_program(g, grp, ids, key)
     back = None
     if order != list(range(len(order))):
         back = [0] * len(order)
@@ -309,10 +315,10 @@ def _single_program(g: Graph, grp, out_refs: tuple) -> "Compiled":
             back[k] = pos
     if ids == list(range(len(g.scalars))):
         ids = None
-    return _compiled(g, grp, key, fn, ids, back)
+    return _compiled(g, grp, key, fn, ids, back, None, layout)
 
 
-def _compiled(g: Graph, grp, key: tuple, fn, ids, back, expect=None) -> "Compiled":
+def _compiled(g: Graph, grp, key: tuple, fn, ids, back, expect=None, layout=None) -> "Compiled":
     """A group's program with the (shape, dtype) of its inputs and outputs as the arrays have
     them (the key's input avals name torch dtypes), which decide what may alias what."""
     nodes = g.nodes
@@ -324,7 +330,8 @@ def _compiled(g: Graph, grp, key: tuple, fn, ids, back, expect=None) -> "Compile
             return tuple(a.shape), a.dtype
         return nodes[r >> OUT_BITS].op.out_avals[r & mask]
 
-    return Compiled(key, fn, ids, back, [aval(r) for r in grp.in_refs], [aval(r) for r in grp.out_refs], expect)
+    return Compiled(key, fn, ids, back, [aval(r) for r in grp.in_refs], [aval(r) for r in grp.out_refs], expect,
+                    layout)
 
 
 class Compiled:
@@ -339,13 +346,16 @@ class Compiled:
     the call allocates nothing for those outputs.
     """
 
-    __slots__ = ("key", "fn", "ids", "back", "donors", "budget", "nbytes", "variants", "compiled", "in_avals",
-                 "out_avals")
+    __slots__ = ("key", "fn", "ids", "pack", "back", "donors", "budget", "nbytes", "variants", "compiled",
+                 "in_avals", "out_avals")
 
-    def __init__(self, key, fn, ids, back, in_avals, out_avals, expect=None):
+    def __init__(self, key, fn, ids, back, in_avals, out_avals, expect=None, layout=None):
         self.key = key
         self.fn = fn
         self.ids = ids
+        # where the program's packed scalars are, as positions in the list the caller passes
+        self.pack = None if layout is None else tuple(
+            part if ids is None else tuple(ids[k] for k in part) for part in layout)
         self.back = back
         self.in_avals = in_avals
         self.out_avals = out_avals
@@ -456,6 +466,9 @@ class Compiled:
         self.compiled += 1
 
     def _scalars(self, scalars):
+        pack = self.pack
+        if pack is not None:
+            return _pack(scalars, *pack)
         ids = self.ids
         return scalars if ids is None else [scalars[i] for i in ids]
 
@@ -483,6 +496,7 @@ def _donating_variant(key: tuple, fn, give: tuple, order: tuple):
     return variant
 
 
+_pack = program.pack
 _refcount = sys.getrefcount
 _ONLY_THE_LIST = 3  # the inputs list, the local name and getrefcount's argument
 _MAX_VARIANTS = 3  # donating variants per plan; past it a flush donates a subset already compiled

@@ -6,6 +6,7 @@ import traceback
 
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -208,6 +209,45 @@ def test_scalars_do_not_recompile():
         for lr in (0.1, 0.2, 0.3, 0.4):
             (x * lr + lr).sum().item()
     assert deferfuse.metrics()["cache_misses"] == before + 1
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_runtime_scalars_reach_a_program_packed(mode, monkeypatch):
+    """From two numbers on, a program takes its Python floats as one float64 array and its ints as
+    one int64 array, unpacked in the trace as the weakly typed scalars JAX makes of Python numbers:
+    float32 stays float32, an int past 2**53 stays exact, a 0-dim CPU tensor keeps its own dtype,
+    and new values do not recompile."""
+    from deferfuse import cache
+
+    passed = []
+    real = cache.Compiled._scalars
+    monkeypatch.setattr(cache.Compiled, "_scalars", lambda self, s: passed.append(real(self, s)) or passed[-1])
+    big = 2**53 + 1
+
+    def step(x, i, a, b, n):
+        c = torch.tensor(1.5, dtype=torch.float64)  # a CPU scalar tensor: a runtime scalar of its own
+        return torch.addcmul(x, x, x, value=a).clamp(b, 3.5) * c, i * n + big
+
+    x, i = torch.arange(5.0), torch.arange(5)
+    xt, it = x.to("tpu"), i.to("tpu")
+    misses = []
+    for a, b, n in ((0.3, 0.5, 3), (0.7, 0.25, 5)):
+        with deferfuse.mode(mode):
+            got = [t.cpu() for t in step(xt, it, a, b, n)]
+        misses.append(deferfuse.metrics()["cache_misses"])
+        want = step(x, i, a, b, n)
+        assert [g.dtype for g in got] == [torch.float32, torch.int64]
+        torch.testing.assert_close(got[0], want[0])
+        assert torch.equal(got[1], want[1])
+    assert misses[1] == misses[0]
+    packed = [p for p in passed if isinstance(p, tuple)]
+    assert packed and all(f is None or f.dtype == np.float64 for f, _, _ in packed)
+    if mode == "strict":  # op by op: clamp's two bounds are the one call with two numbers
+        assert [list(f) for f, _, _ in packed[-1:]] == [[0.25, 3.5]]
+    else:  # one flush: every float, int and the CPU scalar in one call
+        f, n, rest = packed[-1]
+        assert list(f) == [0.7, 0.25, 3.5] and list(n) == [5, big] and n.dtype == np.int64
+        assert len(rest) == 1 and rest[0].dtype == np.float64
 
 
 def test_metrics_and_reset():

@@ -12,7 +12,7 @@ import torch
 
 import deferfuse
 from conftest import check_all_modes
-from deferfuse import engine
+from deferfuse import cache, engine
 
 
 def test_dead_intermediates_are_never_materialised(events):
@@ -217,8 +217,6 @@ def test_runtime_scalars_reach_a_program_packed(mode, monkeypatch):
     one int64 array, unpacked in the trace as the weakly typed scalars JAX makes of Python numbers:
     float32 stays float32, an int past 2**53 stays exact, a 0-dim CPU tensor keeps its own dtype,
     and new values do not recompile."""
-    from deferfuse import cache
-
     passed = []
     real = cache.Compiled._scalars
     monkeypatch.setattr(cache.Compiled, "_scalars", lambda self, s: passed.append(real(self, s)) or passed[-1])

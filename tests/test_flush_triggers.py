@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import deferfuse
-from deferfuse import lanes, sources
+from deferfuse import cache, fuser, lanes, sources
 from deferfuse.config import CONFIG
 from conftest import MODES, check_raises_like_cpu
 
@@ -195,8 +195,6 @@ def test_optimizer_update_of_repeated_layers_shares_programs(fused):
     lists at layer boundaries, and the result is AdamW's on CPU. A foreach step's per-layer chain
     is a program of its own, one program for all of them; a fused step's is two nodes (the step
     counter and the kernel), shorter than a lane worth a program (fuser.MIN_LANE_NODES)."""
-    from deferfuse import cache, fuser
-
     torch.manual_seed(0)
     known = set(cache._PLANS)  # plans compiled before this test are not its own
     layers = 10

@@ -7,8 +7,9 @@ backward, per layer per step. Here it is claimed at its autograd key for "tpu" t
 each lowered to JAX (the backward is the VJP of the forward, so they cannot drift apart).
 
 The math is PyTorch's math path: softmax(q kᵀ · scale + mask) v, with `is_causal` as a
-lower-triangular mask aligned top-left, boolean masks as -inf, float masks added, and a fully
-masked row giving NaN like CPU. Calls with dropout go to PyTorch's own decomposition (their mask
+lower-triangular mask aligned top-left, boolean masks as -inf, float masks added (and
+differentiated when they require grad), `enable_gqa` repeating each key/value head for its group
+of query heads, and PyTorch's safe softmax: a fully masked row gives zeros. Calls with dropout go to PyTorch's own decomposition (their mask
 must be shared between forward and backward), as do nested or non-"tpu" calls.
 """
 from __future__ import annotations
@@ -29,22 +30,44 @@ _lib.define(
     "sdpa(Tensor q, Tensor k, Tensor v, Tensor? mask, bool causal, float? scale, bool gqa) -> Tensor"
 )
 _lib.define(
-    "sdpa_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor? mask, bool causal, float? scale, bool gqa)"
-    " -> (Tensor, Tensor, Tensor)"
+    "sdpa_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor? mask, bool causal, float? scale, bool gqa,"
+    " bool mask_grad) -> (Tensor, Tensor, Tensor, Tensor)"
 )
 SDPA = torch.ops.deferfuse.sdpa.default
 SDPA_BACKWARD = torch.ops.deferfuse.sdpa_backward.default
 
 
+def _keys_like_queries(q, k):
+    """k's shape with its heads (dim -3) repeated as `enable_gqa` repeats them for q's."""
+    if k.dim() < 3 or k.shape[-3] == q.shape[-3]:
+        return tuple(k.shape)
+    if q.dim() < 3 or q.shape[-3] % k.shape[-3]:
+        raise RuntimeError("Number of heads in key and value must divide the number of heads in query")
+    return tuple(k.shape[:-3]) + (q.shape[-3],) + tuple(k.shape[-2:])
+
+
 @torch.library.register_fake("deferfuse::sdpa")
 def _sdpa_fake(q, k, v, mask, causal, scale, gqa):
-    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    ks, vs = (_keys_like_queries(q, t) if gqa else tuple(t.shape) for t in (k, v))
+    if q.shape[-1] != ks[-1] or ks[-2] != vs[-2]:
+        raise RuntimeError("scaled_dot_product_attention: query, key and value do not fit together")
+    batch = torch.broadcast_shapes(q.shape[:-2], ks[:-2], vs[:-2])
     return q.new_empty(tuple(batch) + (q.shape[-2], v.shape[-1]))
 
 
 @torch.library.register_fake("deferfuse::sdpa_backward")
-def _sdpa_backward_fake(grad, q, k, v, mask, causal, scale, gqa):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+def _sdpa_backward_fake(grad, q, k, v, mask, causal, scale, gqa, mask_grad):
+    gmask = mask.new_empty(mask.shape) if mask_grad else q.new_empty((0,))
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), gmask
+
+
+def _sdpa_cpu(q, k, v, mask, causal, scale, gqa):
+    """The op on CPU is PyTorch's own attention, so a call the fake kernel refuses raises CPU's
+    error at the user's line (meta.cpu_error_instead runs it)."""
+    return _composite(q, k, v, mask, 0.0, causal, scale=scale, enable_gqa=gqa)
+
+
+_lib.impl("sdpa", _sdpa_cpu, "CPU")
 
 
 def _attend(q, k, v, mask, causal, scale, gqa):
@@ -66,7 +89,12 @@ def _attend(q, k, v, mask, causal, scale, gqa):
             scores = jnp.where(mask, scores, -jnp.inf)
         else:
             scores = scores + mask.astype(up)
-    probs = jax.nn.softmax(scores, axis=-1)
+    # PyTorch's safe softmax: a query whose every key is masked (a left-padded row) attends to
+    # nothing and gives zeros, not NaN. The scores of such a row are replaced before the softmax
+    # too, so that its gradient is zero rather than 0 * NaN.
+    dead = jnp.all(scores == -jnp.inf, axis=-1, keepdims=True)
+    probs = jax.nn.softmax(jnp.where(dead, 0.0, scores), axis=-1)
+    probs = jnp.where(dead, 0.0, probs)
     return jnp.matmul(probs, v).astype(dt)
 
 
@@ -76,8 +104,13 @@ def sdpa(q, k, v, mask, causal, scale, gqa):
 
 
 @lowering(SDPA_BACKWARD, family="matmul")
-def sdpa_backward(grad, q, k, v, mask, causal, scale, gqa):
-    _, vjp = jax.vjp(lambda a, b, c: _attend(a, b, c, mask, causal, scale, gqa), q, k, v)
+def sdpa_backward(grad, q, k, v, mask, causal, scale, gqa, mask_grad):
+    if not mask_grad:
+        _, vjp = jax.vjp(lambda a, b, c: _attend(a, b, c, mask, causal, scale, gqa), q, k, v)
+        return (*vjp(grad.astype(q.dtype)), jnp.zeros((0,), q.dtype))
+    # a float mask that requires grad (T5's learned position bias): its gradient is that of
+    # the scores, summed over the dims it was broadcast along, which the VJP of the addition does
+    _, vjp = jax.vjp(lambda a, b, c, m: _attend(a, b, c, m, causal, scale, gqa), q, k, v, mask)
     return vjp(grad.astype(q.dtype))
 
 
@@ -91,16 +124,16 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         q, k, v, mask = ctx.saved_tensors
+        need = ctx.needs_input_grad[:4]
+        causal, scale, gqa = ctx.args
         if torch.is_grad_enabled():  # create_graph=True: PyTorch's expansion, differentiable again
-            need = ctx.needs_input_grad[:3]
-            q, k, v = distinct(q, k, v)
-            inputs = [t for t, n in zip((q, k, v), need) if n]
-            causal, scale, gqa = ctx.args
+            q, k, v, mask = distinct(q, k, v, mask)
+            inputs = [t for t, n in zip((q, k, v, mask), need) if n]
             out = _composite.decompose(q, k, v, mask, 0.0, causal, scale=scale, enable_gqa=gqa)
             grads = iter(torch.autograd.grad(out, inputs, grad, create_graph=True, allow_unused=True))
-            return (*(next(grads) if n else None for n in need), None, None, None, None)
-        dq, dk, dv = SDPA_BACKWARD(grad, q, k, v, mask, *ctx.args)
-        return dq, dk, dv, None, None, None, None
+            return (*(next(grads) if n else None for n in need), None, None, None)
+        dq, dk, dv, dmask = SDPA_BACKWARD(grad, q, k, v, mask, causal, scale, gqa, need[3])
+        return dq, dk, dv, dmask if need[3] else None, None, None, None
 
 
 # Function.apply's C++ half (see `_apply_linear` in linear.py)

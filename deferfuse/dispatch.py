@@ -347,6 +347,8 @@ def route_lowered(func, args, kwargs):
     if r is None:
         low = LOWERINGS[func]
         if low.supports is not None and not low.supports(*meta_args(args, kwargs)):
+            if func in DECOMPOSITIONS:  # PyTorch's own expansion before the CPU
+                return route_decomposed(func, args, kwargs)
             return fallback.run(func, args, kwargs, reason="unsupported arguments")
         r = _RECIPES[key] = _make_recipe(func, spec, key, args, kwargs, low)
     if 0 < n <= info.whole_n and not kwargs and all(type(a) is TpuTensor for a in args):

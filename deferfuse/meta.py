@@ -289,7 +289,7 @@ def needs_cpu_probe(func, low, args, kwargs) -> bool:
     elementwise ops, reductions and softmaxes on integer or bool tensors (CPU has no integer
     std or softmax; deferfuse returned integer results), index ops given a floating index,
     random ops (their arguments' ranges) and nll_loss given class targets that are not int64."""
-    if low is None:
+    if low is None or not low.cpu_checks:
         return False
     if low.family == "index":
         return _float_index_argument(func, args, kwargs) or (
@@ -388,12 +388,28 @@ def cpu_error_instead(func, args: tuple, kwargs: dict, err: BaseException) -> No
     kernels and decompositions word their checks their own way ("Invalid channel dimensions"
     for a conv given the wrong channels) or use `assert` (an AssertionError where CPU raises
     RuntimeError), and a user's `except RuntimeError` and error message should not depend on
-    the device. Only failing calls pay for this, once per new signature."""
+    the device. Only failing calls pay for this, once per new signature. An error a lowering's
+    own `meta=` rule got from CPU's kernel (`from_cpu`) is already that error."""
+    if getattr(err, "from_cpu", False):
+        raise err
     try:
         run_cpu_probe(func, args, kwargs, real_only=True)
     except Exception as cpu:  # noqa: BLE001
         raise cpu.with_traceback(None) from None
     raise err
+
+
+def from_cpu(call):
+    """`call()`, a CPU call standing for the user's; an exception it raises is marked as CPU's
+    own, which `cpu_error_instead` then leaves as it is (for ops whose CPU kernel refuses the
+    probes' stand-ins, such as `_grouped_mm`, which wants real strides)."""
+    try:
+        with torch.utils._python_dispatch._disable_current_modes(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return call()
+    except Exception as err:  # noqa: BLE001
+        err.from_cpu = True
+        raise
 
 
 def flatten_outputs(out) -> tuple[list, Any]:

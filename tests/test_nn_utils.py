@@ -96,3 +96,27 @@ def test_foreach_norm_without_an_identity_on_an_empty_tensor_raises_like_cpu(nor
 
 def test_foreach_norm_of_negative_order_on_nonempty_tensors():
     check_all_modes(lambda d: torch._foreach_norm([torch.tensor([1.0, 2.0, 4.0]).to(d), torch.ones(3).to(d)], -1))
+
+
+@pytest.mark.parametrize("op", ["native_batch_norm", "no_training"])
+@pytest.mark.parametrize("dtypes", ["float32", "bfloat16_input", "bfloat16"])
+def test_batch_norm_outside_training_saves_empty_statistics_like_cpu(op, dtypes):
+    """CPU's save_mean and save_invstd are empty outside training, in the parameters' dtype;
+    PyTorch's meta kernels said [C]. A training call still updates the running statistics."""
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(4, 3, 5, generator=g), torch.rand(3, generator=g), torch.randn(3, generator=g)
+    mean, var = torch.rand(3, generator=g), torch.rand(3, generator=g) + 1
+    x = x if dtypes == "float32" else x.bfloat16()
+    w, b, mean, var = (t.bfloat16() if dtypes == "bfloat16" else t for t in (w, b, mean, var))
+
+    def run(d):
+        args = [t.clone().to(d) for t in (x, w, b, mean, var)]  # training writes the running stats
+        if op == "native_batch_norm":
+            # training through PyTorch's decomposition, whose saved statistics are float32 for
+            # bfloat16 parameters where CPU's are bfloat16: compared in the other dtypes only
+            train = torch.ops.aten.native_batch_norm(*args, True, 0.1, 1e-5) if dtypes != "bfloat16" else ()
+            return [*torch.ops.aten.native_batch_norm(*args, False, 0.1, 1e-5), *train, args[3], args[4]]
+        return [*torch.ops.aten._native_batch_norm_legit_no_training(*args, 0.1, 1e-5)]
+
+    check_all_modes(run, atol=1e-2 if dtypes != "float32" else 1e-5, rtol=1e-2 if dtypes != "float32" else 1e-5)
+    assert not deferfuse.metrics()["cpu_fallbacks"]

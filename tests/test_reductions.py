@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from conftest import check_all_modes, check_raises_like_cpu
+import deferfuse
+from conftest import MODES, check_all_modes, check_raises_like_cpu
 
 
 @pytest.mark.parametrize("correction", [0, 1, 2, 3, 4, 0.5])
@@ -49,3 +50,40 @@ def test_integer_and_bool_reductions_still_run():
                 b.any(1), b.all(), i.argmin(), i.prod(0)]
 
     check_all_modes(run)
+
+
+@pytest.mark.parametrize("values,bins,lo,hi", [
+    ([0.0, 1, 2, 3, 3, 5, -1], 4, 0, 3),  # outside the range dropped, max in the last bin
+    ([1.0, 1.0], 4, 0, 0),  # min == max: the data's range, one value widened by one
+    ("randn", 7, -1, 1),
+    ("randn", 10, 0, 0),
+    ([], 3, 0, 0),
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_histc_matches_cpu(values, bins, lo, hi, dtype):
+    x = torch.randn(100, generator=torch.Generator().manual_seed(0)) if values == "randn" else torch.tensor(values)
+    check_all_modes(lambda d: torch.histc(x.to(d, dtype), bins, lo, hi), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("values,bins,lo,hi", [("outside", 4, 0, 3), ("experts", 8, 0, 7), ("spread", 5, 0, 0),
+                                               ("one_value", 4, 0, 0)])
+def test_histc_of_integers_counts_as_cuda_does(values, bins, lo, hi, dtype):
+    """CUDA bins integer tensors (CPU refuses them); transformers' MoE layers count the tokens
+    routed to each expert with an int32 histc on every device but CPU. CUDA's integer rule agrees
+    with CPU's float one on these values, which is the reference."""
+    g = torch.Generator().manual_seed(0)
+    x = {"outside": torch.tensor([0, 1, 2, 3, 3, 1, 7]), "experts": torch.randint(0, 8, (40,), generator=g),
+         "spread": torch.randint(-5, 9, (40,), generator=g), "one_value": torch.tensor([3, 3, 3])}[values]
+    want = torch.histc(x.double(), bins, lo, hi).to(dtype)
+    for mode in MODES:
+        with deferfuse.mode(mode):
+            got = torch.histc(x.to("tpu", dtype), bins, lo, hi).cpu()
+        assert got.dtype == dtype
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("lo,hi", [(3, 1), (0, float("inf")), (float("nan"), 1)])
+def test_histc_refuses_a_bad_range_like_cpu(mode, lo, hi):
+    check_raises_like_cpu(lambda d: torch.histc(torch.randn(5).to(d), 4, lo, hi), mode)

@@ -12,7 +12,8 @@ import torch
 from jax import lax
 
 from ..dtypes import to_jax_dtype, HALF as _HALF
-from .registry import aten, lowering
+from ..meta import from_cpu
+from .registry import aten, bound, lowering
 
 
 def _mm(a, b):
@@ -166,3 +167,48 @@ def pdist(x, p=2.0):
     full = _pairwise(x, x, p)
     rows, cols = jnp.triu_indices(n, k=1)
     return full[rows, cols]
+
+
+_GROUPED_MM = aten._grouped_mm.default
+
+
+def _grouped_mm_meta(args, kwargs):
+    """PyTorch's meta kernel takes bfloat16 alone (the Hopper kernel's rule), where CPU's kernel
+    and CUDA's fallback take any floating dtype: the output's shape comes from the meta kernel
+    over bfloat16 stand-ins, its dtype from the call. A call that kernel refuses, or that asks
+    for something CPU refuses (another out_dtype, a bias), goes to CPU's kernel over empty
+    stand-ins of its layout: CPU's error, or, for a rule of the bfloat16 kernel alone, the layout."""
+    a = bound(_GROUPED_MM, args, kwargs)
+    x, w, offs, bias, dtype = a["self"], a["mat2"], a["offs"], a["bias"], a["out_dtype"]
+    if bias is None and dtype in (None, x.dtype) and x.dtype == w.dtype:
+        try:
+            out = _GROUPED_MM(x.to(torch.bfloat16), w.to(torch.bfloat16), offs)
+            return torch.empty(out.shape, dtype=x.dtype, device="meta")
+        except RuntimeError:
+            pass
+
+    def real(t):
+        return None if t is None else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
+
+    out = from_cpu(lambda: _GROUPED_MM(real(x), real(w), real(offs), real(bias), dtype))
+    return torch.empty(out.shape, dtype=out.dtype, device="meta")
+
+
+@lowering(_GROUPED_MM, family="matmul", meta=_grouped_mm_meta)
+def grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
+    """Mixture-of-experts layers (transformers' Mixtral and Qwen-MoE on any device but CPU):
+    one product per group of rows, columns or shared dims, the groups ending at `offs`.
+    jax.lax.ragged_dot is XLA's grouped product (native on TPU). Entries past offs[-1], which
+    PyTorch's kernels leave uninitialised, are zeros. Half types accumulate in float32."""
+    acc = jnp.float32 if a.dtype in _HALF else None
+    if offs is None:  # 3-D x 3-D: one product per group, a batch
+        return jnp.matmul(a, b, preferred_element_type=acc)
+    sizes = jnp.diff(offs.astype(jnp.int32), prepend=0)
+    if a.ndim == 2 and b.ndim == 3:  # rows of `a` in groups (the experts' forward)
+        return lax.ragged_dot(a, b, sizes, preferred_element_type=acc)
+    if a.ndim == 3 and b.ndim == 2:  # columns of `b` in groups: the same product, transposed
+        return lax.ragged_dot(b.T, jnp.swapaxes(a, 1, 2), sizes, preferred_element_type=acc).T
+    # 2-D x 2-D, the shared dim in groups (the experts' weight gradient): a product per group
+    dims = lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(([1], [0]), ([], [])), lhs_ragged_dimensions=[1],
+                                         rhs_group_dimensions=[])
+    return lax.ragged_dot_general(a, b, sizes, dims, preferred_element_type=acc)

@@ -14,7 +14,7 @@ from jax import lax
 from ..dtypes import up_half as _up
 from ..meta import flatten_outputs, meta_args
 from ..views import contiguous_strides
-from .registry import aten, lowering
+from .registry import aten, bound, lowering
 
 
 @lowering(aten._softmax.default, family="norm")
@@ -103,10 +103,29 @@ def batch_norm_functional(x, weight, bias, running_mean, running_var, training, 
     return out, save_mean, save_rstd, new_mean, new_var
 
 
-@lowering(aten._native_batch_norm_legit_no_training.default, family="norm")
+def _no_saved_stats(args, kwargs, leaves):
+    """Outside training CPU saves no statistics for backward: its save_mean and save_invstd are
+    empty, in the parameters' dtype. PyTorch's meta kernels say [C]."""
+    empty = torch.empty((0,), dtype=args[3].dtype, device="meta")  # running_mean's
+    return [leaves[0], empty, empty]
+
+
+@lowering(aten._native_batch_norm_legit_no_training.default, family="norm", meta_fix=_no_saved_stats)
 def batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum, eps):
     out, _, _, _, _ = batch_norm_functional(x, weight, bias, running_mean, running_var, False, momentum, eps)
     return out, jnp.zeros((0,), out.dtype), jnp.zeros((0,), out.dtype)
+
+
+def _eval_with_running_stats(args, kwargs):
+    """Training updates the running statistics in place, which PyTorch's decomposition does
+    (dispatch.route_lowered takes it for calls outside `supports`)."""
+    a = bound(aten.native_batch_norm.default, args, kwargs)
+    return not a["training"] and a["running_mean"] is not None and a["running_var"] is not None
+
+
+@lowering(aten.native_batch_norm.default, family="norm", supports=_eval_with_running_stats, meta_fix=_no_saved_stats)
+def native_batch_norm_eval(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    return batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum, eps)
 
 
 # --- convolution -----------------------------------------------------------------------------------

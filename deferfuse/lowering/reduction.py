@@ -9,9 +9,10 @@ import math
 
 import jax
 import jax.numpy as jnp
+import torch
 
 from ..dtypes import to_jax_dtype, HALF as _HALF
-from .registry import aten, lowering
+from .registry import aten, bound, lowering
 
 
 def _axes(x, dim):
@@ -205,3 +206,38 @@ def vector_norm(ctx, x, ord=2, dim=None, keepdim=False, *, dtype=None):
     if ord == 2:
         return jnp.sqrt(jnp.sum(a * a, axis=axes, keepdims=keepdim))
     return jnp.sum(a**ord, axis=axes, keepdims=keepdim) ** (1.0 / ord)
+
+
+def _finite_range(args, kwargs, leaves):
+    """CPU refuses an infinite min or max, which PyTorch's meta kernel lets through: its error,
+    raised by CPU's own kernel over a stand-in (min and max are static, so every range is seen)."""
+    a = bound(aten.histc.default, args, kwargs)
+    if not (math.isfinite(a["min"]) and math.isfinite(a["max"])):
+        with torch.utils._python_dispatch._disable_current_modes():
+            torch.histc(torch.zeros(1), a["bins"], a["min"], a["max"])
+    return leaves
+
+
+@lowering(aten.histc.default, family="reduction", ctx=True, cpu_checks=False, static=("min", "max"),
+          meta_fix=_finite_range)
+def histc(ctx, x, bins=100, min=0, max=0):
+    """CPU's and CUDA's binning: values outside [min, max] are dropped, max lands in the last
+    bin, and min == max takes the data's range (widened by one each way if that is one value
+    too). Floating inputs bin as CPU does, in their own dtype; integer ones (CUDA takes them, and
+    transformers' MoE layers count tokens per expert with an int32 histc on any device but CPU)
+    with CUDA's exact integer arithmetic."""
+    exact = jnp.issubdtype(x.dtype, jnp.integer)
+    flat = (x.astype(jnp.int64) if exact else _acc(x, ctx.out_dtype)).reshape(-1)
+    lo, hi = jnp.asarray(min, flat.dtype), jnp.asarray(max, flat.dtype)
+    if flat.size:
+        same = lo == hi
+        lo, hi = jnp.where(same, flat.min(), lo), jnp.where(same, flat.max(), hi)
+    same = lo == hi
+    lo, hi = jnp.where(same, lo - 1, lo), jnp.where(same, hi + 1, hi)
+    inside = (flat >= lo) & (flat <= hi)
+    scaled = (flat - lo) * bins
+    pos = (scaled // (hi - lo) if exact else jnp.trunc(scaled / (hi - lo))).astype(jnp.int32)
+    pos = jnp.clip(pos, 0, bins - 1)
+    counts = jnp.zeros((bins,), jnp.int64 if exact else flat.dtype).at[pos].add(inside.astype(jnp.int64 if exact
+                                                                                                 else flat.dtype))
+    return counts

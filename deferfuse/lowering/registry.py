@@ -19,6 +19,8 @@ decorator, in one statement:
 - `ctx=True`: the function's first argument is a `LowerCtx` (output avals, meta inputs).
 - `meta_fix`: `(args, kwargs, meta_outputs) -> meta_outputs`, for the few ops whose meta kernel
   disagrees with CPU PyTorch (the oracle) about an output dtype or layout.
+- `cpu_checks=False`: CPU's dtype checks do not apply (meta.needs_cpu_probe skips the op), for
+  the few ops CUDA takes in dtypes CPU refuses (an integer `histc`): on tpu, what CUDA runs works.
 
 Registering the same overload twice is an error at import.
 """
@@ -60,6 +62,7 @@ class Lowering:
     meta_fix: Callable | None = None
     runtime: tuple[str, ...] = ()
     meta: Callable | None = None
+    cpu_checks: bool = True
 
 
 LOWERINGS: dict[Any, Lowering] = {}
@@ -84,6 +87,7 @@ def lowering(
     meta_fix: Callable | None = None,
     runtime: tuple[str, ...] = (),
     meta: Callable | None = None,
+    cpu_checks: bool = True,
 ):
     if family not in FAMILIES:
         raise ValueError(f"unknown lowering family {family!r}")
@@ -95,7 +99,7 @@ def lowering(
             if op in LOWERINGS:
                 raise RuntimeError(f"deferfuse: {op} has two lowerings ({LOWERINGS[op].fn.__name__}, {fn.__name__})")
             LOWERINGS[op] = Lowering(op, fn, family, promote, promote_args, tuple(static), supports, rng, ctx, meta_fix,
-                                   tuple(runtime), meta)
+                                   tuple(runtime), meta, cpu_checks)
         return fn
 
     return register

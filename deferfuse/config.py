@@ -24,6 +24,14 @@ def _flag(name: str, default: bool) -> bool:
     raise ValueError(f"{name}={raw!r}: expected one of true/1/false/0")
 
 
+def _flag_or(name: str, default: bool, word: str) -> bool | str:
+    """A flag that also takes one word for a third setting."""
+    raw = os.environ.get(name)
+    if raw is not None and raw.strip().lower() == word:
+        return word
+    return _flag(name, default)
+
+
 def _int(name: str, default: int) -> int:
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
@@ -72,8 +80,10 @@ class Config:
     donate: bool = field(default_factory=lambda: _flag("DEFERFUSE_DONATE", True))
     # Ops per fused program before the fuser splits a group (compile time grows superlinearly).
     max_group_ops: int = field(default_factory=lambda: _int("DEFERFUSE_MAX_GROUP_OPS", 4096))
-    # Debug mode checks floating outputs for NaN/Inf; this turns that off.
-    debug_nan_check: bool = field(default_factory=lambda: _flag("DEFERFUSE_DEBUG_NAN_CHECK", True))
+    # Debug mode's NaN/Inf check (executors/nonfinite.py): True raises where CPU's result is
+    # finite and warns where it is not, "raise" raises on every NaN/Inf from finite inputs, False
+    # turns it off.
+    debug_nan_check: bool | str = field(default_factory=lambda: _flag_or("DEFERFUSE_DEBUG_NAN_CHECK", True, "raise"))
     # Record the user's file:line for every recorded op (used by errors and the report).
     source_lines: bool = field(default_factory=lambda: _flag("DEFERFUSE_SOURCE_LINES", True))
     # Live event log, like TORCH_LOGS: any of flush, compile, fallback, all.

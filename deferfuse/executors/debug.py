@@ -1,9 +1,8 @@
 """Debug (TORCH_TPU_LAUNCH_BLOCKING=1): each op runs and is waited for, then checked.
 
-- Floating outputs are checked for NaN/Inf. Only the op that *introduces* a non-finite value
-  raises (its inputs and scalar arguments were finite), so an intentional `-inf` mask or a NaN
-  already present upstream does not stop the run; DEFERFUSE_DEBUG_NAN_CHECK=0 turns it off.
-  Nor does one that reports the failure in an `info` output (linalg's *_ex kernels).
+- Floating outputs are checked for NaN/Inf (nonfinite.py): an op that *introduces* a non-finite
+  value raises where CPU PyTorch's result for the same values is finite, and warns once per
+  line where CPU's is not finite either.
 - Indexing ops check their indices on the host first, multinomial its weights, and integer
   divisions (`//`, `%`, fmod) their divisor; an out-of-range index, an invalid distribution or
   a zero divisor raises exactly the exception CPU PyTorch raises (obtained by running the op on
@@ -13,8 +12,6 @@ Strict and DeferAndFuse pay for none of this.
 """
 from __future__ import annotations
 
-import math
-
 import jax.numpy as jnp
 import torch
 
@@ -23,6 +20,7 @@ from ..config import CONFIG
 from ..dtypes import is_floating
 from ..meta import CLASS_TARGETS
 from ..tensor import TpuTensor
+from . import nonfinite
 from .base import EagerMode, Executor
 
 aten = torch.ops.aten
@@ -64,6 +62,7 @@ _EMBEDDINGS = (aten.embedding.default, aten._embedding_bag.default, aten._embedd
 class DebugExecutor(Executor):
     kind = EagerMode.DEBUG
     checks_before = True
+    _call: tuple = ((), {}, None)
 
     def before_op(self, func, args, kwargs) -> None:
         spec = _INDEXED.get(func)
@@ -79,66 +78,19 @@ class DebugExecutor(Executor):
             _check_probabilities(func, args, kwargs)
         elif func._overloadpacket.__name__ in _INT_DIVISIONS:
             _check_integer_divisor(func, args, kwargs)
-        if CONFIG.debug_nan_check:
-            self._inputs_finite = _all_finite(args, kwargs) and not _divides_by_a_zero_scalar(func, args)
+        # the call and its inputs' values, for the NaN/Inf check after it (nonfinite.py)
+        self._call = (args, kwargs, nonfinite.finite_inputs(func, args, kwargs) if CONFIG.debug_nan_check else None)
 
     def after_op(self, func, out) -> None:
+        args, kwargs, inputs = self._call
+        self._call = ((), {}, None)
         if not engine.STREAM.graph.nodes:
             return
         where = engine.STREAM.where or sources.user_frame(2)
         done = engine.flush("debug_op", where)
         engine.block(done)
-        if CONFIG.debug_nan_check and getattr(self, "_inputs_finite", False):
-            for st in done:
-                if st.dtype.is_floating_point or st.dtype.is_complex:
-                    if not bool(jnp.isfinite(st.value).all()):
-                        if _reported_in_info(func, out):
-                            return
-                        raise RuntimeError(
-                            f"deferfuse debug: {func} produced NaN or Inf from finite inputs "
-                            f"(at {sources.fmt(where)}); set DEFERFUSE_DEBUG_NAN_CHECK=0 to disable this check"
-                        )
-
-
-def _reported_in_info(func, out) -> bool:
-    """linalg's *_ex kernels (inv_ex, solve_ex, cholesky_ex, ...) report a singular or indefinite
-    input in their `info` output and leave NaN or Inf in the others, as on CPU, for the caller to
-    decide: torch.linalg.inv checks `info` next and raises CPU's LinAlgError, inv_ex hands it to
-    the user. Flagging the values first replaced that LinAlgError with Debug's own error."""
-    names = [r.name for r in func._schema.returns]
-    if "info" not in names or not isinstance(out, (tuple, list)):
-        return False
-    info = out[names.index("info")]
-    return isinstance(info, TpuTensor) and bool((engine.concrete(info, "debug_op", None) != 0).any())
-
-
-def _divides_by_a_zero_scalar(func, args) -> bool:
-    """A foreach division by a Python zero: PyTorch's own RAdam divides by its rectification
-    term, 0 for its first steps, and takes the reciprocal, so the infinity is intended. (A plain
-    `x / n` with n == 0 is still flagged: that one is usually a bug upstream.)"""
-    if func._overloadpacket.__name__ not in ("_foreach_div", "_foreach_div_"):
-        return False
-    for a in args[1:]:
-        for x in a if isinstance(a, (list, tuple)) else (a,):
-            if isinstance(x, (int, float)) and x == 0:
-                return True
-    return False
-
-
-def _all_finite(args, kwargs) -> bool:
-    """Whether every floating tpu input and Python float argument is finite (syncs; debug only)."""
-    for a in list(args) + list(kwargs.values()):
-        for x in a if isinstance(a, (list, tuple)) else (a,):
-            if isinstance(x, float) and not math.isfinite(x):
-                return False
-            if isinstance(x, TpuTensor) and (x.dtype.is_floating_point or x.dtype.is_complex):
-                v = engine.concrete(x, "debug_op", None)
-                if not bool(jnp.isfinite(v).all()):
-                    return False
-            elif isinstance(x, torch.Tensor) and (x.dtype.is_floating_point or x.dtype.is_complex):
-                if not bool(torch.isfinite(x).all()):  # a CPU scalar such as masked_fill's -inf
-                    return False
-    return True
+        if inputs is not None:
+            nonfinite.check(func, args, kwargs, out, done, inputs, where)
 
 
 def _check_indices(func, spec, args, kwargs) -> None:

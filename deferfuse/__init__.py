@@ -14,6 +14,7 @@ _device.register()
 from . import cache as _cache  # noqa: E402
 from .api import metrics, reset_metrics, sync  # noqa: E402
 from .capture import capture  # noqa: E402
+from .check import check  # noqa: E402  (the name `check` is the function; `python -m deferfuse.check` still runs)
 from .config import CONFIG  # noqa: E402
 from .engine import FlushError  # noqa: E402
 from .executors.base import EagerMode  # noqa: E402
@@ -57,5 +58,6 @@ __all__ = [
     "CONFIG",
     "report",
     "explain",
+    "check",
 ]
 __version__ = "0.1.0"

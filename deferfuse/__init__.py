@@ -12,6 +12,7 @@ from . import device as _device
 _device.register()
 
 from . import cache as _cache  # noqa: E402
+from . import interrupts as _interrupts  # noqa: E402
 from .api import metrics, reset_metrics, sync  # noqa: E402
 from .capture import capture  # noqa: E402
 from .check import check  # noqa: E402  (the name `check` is the function; `python -m deferfuse.check` still runs)
@@ -23,6 +24,7 @@ from .report import explain, report  # noqa: E402  (the name `report` is the fun
 from .tensor import TpuTensor  # noqa: E402
 
 _cache.configure_persistent_cache()
+_interrupts.ensure_installed()
 
 
 def _enable_foreach_paths() -> None:

@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 from torch._decomp import core_aten_decompositions, decomposition_table
 
-from . import backward, cache, engine, events, expansion, lanes, modes, mutation, rng, sources, special, tensor
+from . import backward, cache, engine, events, expansion, interrupts, lanes, modes, mutation, rng, sources, special, tensor
 from .config import CONFIG
 from .events import METRICS
 from .graph import Op
@@ -129,6 +129,8 @@ def torch_dispatch(cls, func, types, args=(), kwargs=None):
         ex.after_op(func, out)
         if timing:
             m.record_seconds += (time.perf_counter() - t0) - (m.flush_seconds - f0) - (m.sync_wait_seconds - w0)
+        if _HELD[0]:  # Ctrl-C came while the op ran: now that it is done (interrupts.py)
+            _deliver()
         return out
     except BaseException as err:
         if _into_engine():  # raised into the autograd engine's C++, it would abort the process
@@ -241,6 +243,9 @@ _getframe = sys._getframe
 _TIMING = events.TIMING
 _into_engine = backward.into_engine
 _stop = backward.stop
+_HELD = interrupts._held
+_deliver = interrupts.deliver
+interrupts.when_busy(lambda: _depth > 0)
 
 
 def emit(r: Recipe, tensors, scalars, key=None):

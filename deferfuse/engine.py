@@ -11,7 +11,7 @@ import weakref
 import jax
 import jax.numpy as jnp
 
-from . import cache, events, sources, views
+from . import cache, events, interrupts, sources, views
 from .config import CONFIG
 from .dtypes import to_jax_dtype
 from .events import METRICS
@@ -34,6 +34,7 @@ class _Stream:
 
 
 STREAM = _Stream()
+interrupts.when_busy(lambda: STREAM.flushing)
 _SOURCE_LINES = CONFIG.source_lines
 _user_frame = sources.user_frame
 
@@ -186,7 +187,11 @@ _NEW_STREAM = frozenset(("mode_exit", "mode_change", "capture"))
 
 
 def flush(cause: str, where=None) -> list:
-    """Run everything pending. Returns the storages that received values."""
+    """Run everything pending. Returns the storages that received values.
+
+    Nothing an exception does here may leave a storage without its value: one that lands before
+    the programs have consumed any input (an interrupt during a compile) leaves the work pending
+    as it was; one that lands after them still puts their values in place (see `_interrupted`)."""
     g = STREAM.graph
     if cause in _NEW_STREAM:
         STREAM.period.reset()
@@ -194,13 +199,16 @@ def flush(cause: str, where=None) -> list:
         return []
     if STREAM.flushing:
         raise RuntimeError("deferfuse internal error: re-entrant flush")
-    STREAM.graph = Graph()
-    STREAM.pushed = 0
-    t0 = time.perf_counter()
-    STREAM.flushing = True
+    STREAM.flushing = True  # first: Ctrl-C is held from here on (interrupts.py)
+    pushed = STREAM.pushed
+    live: list = []
+    refs: dict[int, int] = {}
+    results = None
     try:
-        live = []
-        refs: dict[int, int] = {}
+        interrupts.ensure_installed()
+        STREAM.graph = Graph()
+        STREAM.pushed = 0
+        t0 = time.perf_counter()
         for w in g.storages:
             s = w()
             if s is not None and s.graph is g:
@@ -240,9 +248,42 @@ def flush(cause: str, where=None) -> list:
                 groups=len(plan.steps), seconds=dt, skipped=plan.n_internal, bytes_skipped=plan.bytes_internal,
                 bytes_out=plan.bytes_out, ops=plan.n_ops,
             )
-        return live
+    except FlushError:
+        raise
+    except BaseException as exc:
+        if results is not None:  # the programs ran: their values go in place
+            for s in live:
+                s.value = results[refs[s.ref]]
+            g.live = []
+        else:
+            _interrupted(g, pushed, exc, cause, where)
+        raise
     finally:
         STREAM.flushing = False
+    interrupts.deliver()
+    return live
+
+
+def _interrupted(g: Graph, pushed: int, exc: BaseException, cause: str, where) -> None:
+    """An exception other than the flush's own failure (an interrupt, SystemExit from a hook)
+    landed before the flush had its results. If every input of the graph is still there, nothing
+    was consumed and the work goes back to pending, as if the flush had not started. A program
+    that donated an input has run, and its values are lost with the exception: the storages that
+    were to receive them raise it, named, when read, rather than read as uninitialised memory."""
+    g.live = []
+    waiting = [s for s in (w() for w in g.storages) if s is not None and (
+        s.graph is g or s.graph is None and s.value is None and s.error is None)]
+    consumed = any(isinstance(a, jax.Array) and a.is_deleted() for a in g.inputs)
+    if not consumed and not STREAM.graph.nodes:
+        for s in waiting:
+            s.graph = g
+        STREAM.graph, STREAM.pushed = g, pushed
+        return
+    error = FlushError(f"deferfuse: the flush ({cause} at {sources.fmt(where)}) was interrupted by "
+                       f"{type(exc).__name__} after its programs had consumed their inputs: this value was lost")
+    for s in waiting:
+        s.graph = None
+        s.error = error
 
 
 def _recover(g: Graph, live: list, exc: Exception, cause: str, where) -> None:

@@ -80,6 +80,9 @@ class Config:
     donate: bool = field(default_factory=lambda: _flag("DEFERFUSE_DONATE", True))
     # Ops per fused program before the fuser splits a group (compile time grows superlinearly).
     max_group_ops: int = field(default_factory=lambda: _int("DEFERFUSE_MAX_GROUP_OPS", 4096))
+    # The data checks Debug makes (index ranges, class targets, integer divisors, one_hot's
+    # classes: executors/data_checks.py) in Strict and DeferAndFuse too; each costs a sync.
+    debug_checks: bool = field(default_factory=lambda: _flag("TORCH_TPU_ENABLE_DEBUG_CHECKS", False))
     # Debug mode's NaN/Inf check (executors/nonfinite.py): True raises where CPU's result is
     # finite and warns where it is not, "raise" raises on every NaN/Inf from finite inputs, False
     # turns it off.

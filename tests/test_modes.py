@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 import traceback
 import warnings
 
@@ -14,6 +15,16 @@ from conftest import MODES, check_all_modes
 
 
 # --- Debug -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["debug", "strict", "defer_and_fuse"])
+def checking_mode(request, monkeypatch):
+    """Debug, or Strict / DeferAndFuse with TORCH_TPU_ENABLE_DEBUG_CHECKS=1 (its data checks)."""
+    mode = request.param
+    if mode != "debug":
+        monkeypatch.setattr(deferfuse.CONFIG, "debug_checks", True)
+        monkeypatch.setattr(deferfuse.modes.EXECUTORS[deferfuse.EagerMode(mode)], "checks_before", True)
+    return mode
 
 
 def test_debug_raises_on_nan_at_user_line(monkeypatch):
@@ -62,25 +73,50 @@ def test_debug_does_not_flag_intentional_infinities():
     ids=["index_select", "index", "embedding", "gather", "index_put", "scatter", "take", "cross_entropy",
          "nll_loss_negative", "cross_entropy_2d", "one_hot", "one_hot_negative"],
 )
-def test_debug_out_of_range_index_raises_like_cpu(call):
-    """Debug checks indices (and class targets) on the host and raises CPU's own error."""
+def test_debug_out_of_range_index_raises_like_cpu(call, checking_mode):
+    """Debug checks indices (and class targets) on the host and raises CPU's own error; so do
+    Strict and DeferAndFuse with TORCH_TPU_ENABLE_DEBUG_CHECKS=1."""
     x = torch.arange(12.0).reshape(4, 3)
     i = torch.tensor([1, 7])
     with pytest.raises(Exception) as cpu_err:
         call(x, i)
-    with deferfuse.mode("debug"):
+    with deferfuse.mode(checking_mode):
         with pytest.raises(type(cpu_err.value)) as err:
             call(x.to("tpu"), i.to("tpu"))
     assert str(err.value) == str(cpu_err.value)
 
 
 @pytest.mark.parametrize("bad", [1.5, -0.1])
-def test_debug_binary_cross_entropy_of_a_non_probability_raises_like_cpu(bad):
+def test_debug_binary_cross_entropy_of_a_non_probability_raises_like_cpu(bad, checking_mode):
     """A logit passed to F.binary_cross_entropy: CPU refuses it; Debug flagged the NaN instead."""
     from conftest import check_raises_like_cpu
 
     inp, tgt = torch.tensor([0.5, bad]), torch.tensor([1.0, 0.0])
-    check_raises_like_cpu(lambda d: F.binary_cross_entropy(inp.to(d), tgt.to(d)), "debug")
+    check_raises_like_cpu(lambda d: F.binary_cross_entropy(inp.to(d), tgt.to(d)), checking_mode)
+
+
+def test_without_the_debug_checks_strict_and_deferred_read_no_data():
+    """Like CUDA, they check no value that only the data can show: an index past the end reads
+    some element (XLA clamps), a negative class makes a row of zeros; no sync, no error."""
+    x, i = torch.arange(12.0).reshape(4, 3).to("tpu"), torch.tensor([1, 7]).to("tpu")
+    for mode in ("strict", "defer_and_fuse"):
+        with deferfuse.mode(mode):
+            torch.index_select(x, 0, i).cpu()
+            assert F.one_hot(-i[:1], 4).cpu().tolist() == [[0, 0, 0, 0]]
+
+
+def test_the_debug_checks_follow_the_environment():
+    import subprocess
+    import sys
+
+    code = ("import torch, deferfuse\n"
+            "try:\n"
+            "    torch.index_select(torch.ones(3, device='tpu'), 0, torch.tensor([5], device='tpu'))\n"
+            "except IndexError as e:\n"
+            "    print('raised', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "TORCH_TPU_ENABLE_DEBUG_CHECKS": "1"})
+    assert out.stdout.startswith("raised index out of range in self"), out.stderr[-1000:]
 
 
 _INT_DIVISIONS_BY_ZERO = {
@@ -97,13 +133,13 @@ _INT_DIVISIONS_BY_ZERO = {
 
 
 @pytest.mark.parametrize("call", _INT_DIVISIONS_BY_ZERO.values(), ids=_INT_DIVISIONS_BY_ZERO.keys())
-def test_debug_integer_division_by_zero_raises_like_cpu(call):
+def test_debug_integer_division_by_zero_raises_like_cpu(call, checking_mode):
     """CPU raises RuntimeError("ZeroDivisionError") for an integer divisor tensor holding 0; XLA,
-    like CUDA, returns a value, which Strict and DeferAndFuse cannot check without a sync."""
+    like CUDA, returns a value, which Strict and DeferAndFuse check only with the debug checks."""
     from conftest import check_raises_like_cpu
 
     a, b = torch.tensor([5, -3, 4]), torch.tensor([2, 0, 1])
-    check_raises_like_cpu(lambda d: call(a.to(d), b.to(d)), "debug")
+    check_raises_like_cpu(lambda d: call(a.to(d), b.to(d)), checking_mode)
 
 
 def test_debug_division_checks_leave_valid_divisions_alone():
@@ -153,7 +189,7 @@ def test_debug_lets_index_fills_negative_indices_through():
 
 
 def test_strict_and_deferred_pay_for_no_checks(monkeypatch):
-    from deferfuse.executors import debug as dbg
+    from deferfuse.executors import data_checks as dbg
     from deferfuse.executors import nonfinite
 
     calls = []

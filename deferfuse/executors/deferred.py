@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from .. import engine, sources
 from ..config import CONFIG
+from . import data_checks
 from .base import EagerMode, Executor
 
 _STREAM = engine.STREAM
@@ -26,6 +27,10 @@ _STREAM = engine.STREAM
 
 class DeferredExecutor(Executor):
     kind = EagerMode.DEFER_AND_FUSE
+    checks_before = CONFIG.debug_checks  # TORCH_TPU_ENABLE_DEBUG_CHECKS=1: Debug's data checks too
+
+    def before_op(self, func, args, kwargs) -> None:
+        data_checks.check(func, args, kwargs)
 
     def after_op(self, func, out) -> None:
         """Runs after each top-level op: feed the period detector, cut or cap if due.

@@ -6,12 +6,18 @@ host only blocks at a sync point (`.item()`, `.cpu()`, print).
 from __future__ import annotations
 
 from .. import engine
+from ..config import CONFIG
+from . import data_checks
 from .base import EagerMode, Executor
 
 
 class StrictExecutor(Executor):
     kind = EagerMode.STRICT
     runs_eagerly = True
+    checks_before = CONFIG.debug_checks  # TORCH_TPU_ENABLE_DEBUG_CHECKS=1: Debug's data checks too
+
+    def before_op(self, func, args, kwargs) -> None:
+        data_checks.check(func, args, kwargs)
 
     def after_op(self, func, out) -> None:
         if engine.STREAM.graph.nodes:

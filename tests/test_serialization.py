@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import io
+import os
 import subprocess
 import sys
 
@@ -44,7 +45,8 @@ def test_state_dicts_round_trip_with_the_default_weights_only_load(tmp_path):
 
 
 def test_a_tpu_checkpoint_loads_on_cpu_without_deferfuse(tmp_path):
-    """map_location="cpu" gives CPU tensors in a process that never imports deferfuse."""
+    """map_location="cpu" gives CPU tensors in a process that never imports deferfuse (with
+    PyTorch's backend autoloading off, as on a machine without deferfuse installed)."""
     path = tmp_path / "ckpt.pt"
     model, _ = _trained("tpu")
     torch.save(model.state_dict(), path)
@@ -58,7 +60,8 @@ def test_a_tpu_checkpoint_loads_on_cpu_without_deferfuse(tmp_path):
         "assert all(t.device.type == 'cpu' for t in got.values())\n"
         "torch.testing.assert_close(got, want)\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300,
+                   env={**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
 
 
 @pytest.mark.parametrize("mode", MODES)

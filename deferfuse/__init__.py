@@ -11,7 +11,7 @@ from . import device as _device
 
 _device.register()
 
-from . import cache as _cache  # noqa: E402
+from . import persistent as _persistent  # noqa: E402
 from . import interrupts as _interrupts  # noqa: E402
 from .api import metrics, reset_metrics, sync  # noqa: E402
 from .capture import capture  # noqa: E402
@@ -23,7 +23,7 @@ from .modes import DeferfuseMode, get_default_mode, mode, run_backward_here, set
 from .report import explain, report  # noqa: E402  (the name `report` is the function; the package stays importable)
 from .tensor import TpuTensor  # noqa: E402
 
-_cache.configure_persistent_cache()
+_persistent.configure()
 _interrupts.ensure_installed()
 
 

@@ -11,8 +11,7 @@ The key leaves out which inputs a flush may donate (reuse for its outputs): that
 what else holds them, known only at the call, so each compiled group keeps a few donating
 variants of its program (`Compiled`); compiling one on a cache hit is counted as a compile.
 
-Tier 3 (persistent, across processes) is JAX's own compilation cache, enabled by
-DEFERFUSE_CACHE_DIR.
+Tier 3 (persistent, across processes) is JAX's own compilation cache (persistent.py).
 """
 from __future__ import annotations
 
@@ -158,13 +157,6 @@ def lookup(key: Key) -> Plan | None:
         return None
     plan.hits += 1
     return plan
-
-
-def configure_persistent_cache() -> None:
-    if CONFIG.cache_dir:
-        jax.config.update("jax_compilation_cache_dir", CONFIG.cache_dir)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 def clear() -> None:

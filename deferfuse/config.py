@@ -42,6 +42,14 @@ def _int(name: str, default: int) -> int:
         raise ValueError(f"{name}={raw!r}: expected an integer") from None
 
 
+def _cache_dir(name: str) -> str | None:
+    raw = os.environ.get(name)
+    if raw is None:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return os.path.join(base, "deferfuse")
+    return None if raw.strip() in ("", "0") else raw
+
+
 def _set(name: str) -> frozenset[str]:
     raw = os.environ.get(name, "")
     return frozenset(p.strip().lower() for p in raw.split(",") if p.strip())
@@ -93,8 +101,11 @@ class Config:
     log: frozenset[str] = field(default_factory=lambda: _set("DEFERFUSE_LOG"))
     # Collect report events from import on, so `deferfuse.report()` works without code changes.
     report: bool = field(default_factory=lambda: _flag("DEFERFUSE_REPORT", False))
-    # JAX persistent compilation cache directory (tier 3); unset means in-process cache only.
-    cache_dir: str | None = field(default_factory=lambda: os.environ.get("DEFERFUSE_CACHE_DIR") or None)
+    # The persistent compile cache (persistent.py): on by default under the user's cache folder
+    # ($XDG_CACHE_HOME/deferfuse or ~/.cache/deferfuse); a path puts it there; empty or 0 turns it off.
+    cache_dir: str | None = field(default_factory=lambda: _cache_dir("DEFERFUSE_CACHE_DIR"))
+    # Its size cap in MB: past it the least recently used programs are evicted.
+    cache_max_mb: int = field(default_factory=lambda: _int("DEFERFUSE_CACHE_MAX_MB", 2048))
     # Optimisation fuel: at most this many ops may be fused into programs with others; the rest
     # run one op per program. Bisecting on it isolates a fusion that changes a result.
     fusion_fuel: int | None = field(

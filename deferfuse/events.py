@@ -44,6 +44,9 @@ class Metrics:
     record_seconds: float = 0.0  # time inside deferfuse's dispatcher outside flushes (report on only)
     max_pending: int = 0
     host_syncs: Counter = field(default_factory=Counter)  # cause -> reads to the host (flushing or not)
+    # XLA compiles that asked the persistent (on-disk) cache, and how many it answered
+    persistent_lookups: int = 0
+    persistent_hits: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -72,6 +75,8 @@ class Metrics:
             "record_seconds": self.record_seconds,
             "max_pending": self.max_pending,
             "host_syncs_by_cause": dict(self.host_syncs),
+            "persistent_cache_hits": self.persistent_hits,
+            "persistent_cache_misses": self.persistent_lookups - self.persistent_hits,
         }
 
 

@@ -1,0 +1,97 @@
+"""The persistent compile cache (deferfuse/persistent.py), on by default: a second process loads
+the first one's programs instead of compiling them, gets the same results, survives a corrupt
+entry, honours its size cap, and refuses a folder others may write. Each case is a process of its
+own with a cache folder of its own."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+# a small training run: several programs, a result to compare and the metrics to read
+_RUN = """
+import json, sys, torch, deferfuse
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).to("tpu")
+opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+x, y = torch.randn(8, 16).to("tpu"), torch.randn(8, 4).to("tpu")
+with deferfuse.mode():
+    losses = []
+    for _ in range(3):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward(); opt.step(); opt.zero_grad()
+        losses.append(loss.item())
+m = deferfuse.metrics()
+print(json.dumps({"losses": losses, "compile_seconds": m["compile_seconds"], "hits": m["persistent_cache_hits"],
+                  "misses": m["persistent_cache_misses"], "folder": deferfuse.persistent.configure()}))
+"""
+
+
+def _run(cache_dir: str, **env) -> tuple[dict, str]:
+    out = subprocess.run([sys.executable, "-c", _RUN], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": ROOT, "DEFERFUSE_CACHE_DIR": cache_dir, **env})
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.splitlines()[-1]), out.stderr
+
+
+def test_a_second_process_loads_the_programs_the_first_compiled(tmp_path):
+    first, _ = _run(str(tmp_path))
+    second, _ = _run(str(tmp_path))
+    assert first["hits"] == 0 and first["misses"] > 0
+    assert second["hits"] == first["misses"] and second["misses"] == 0
+    assert second["losses"] == first["losses"]
+    assert second["compile_seconds"] < first["compile_seconds"]
+    assert os.stat(first["folder"]).st_mode & 0o777 == 0o700
+
+
+def test_a_corrupt_entry_is_compiled_again_with_a_warning(tmp_path):
+    first, _ = _run(str(tmp_path))
+    entries = glob.glob(os.path.join(first["folder"], "*-cache"))
+    assert entries
+    for path in entries:
+        with open(path, "r+b") as f:
+            f.truncate(os.path.getsize(path) // 2)
+    again, stderr = _run(str(tmp_path))
+    assert "Error reading persistent compilation cache entry" in stderr
+    assert again["losses"] == first["losses"] and again["hits"] == 0
+
+
+def test_the_size_cap_evicts_the_least_recently_used(tmp_path):
+    _run(str(tmp_path), DEFERFUSE_CACHE_MAX_MB="1")
+    other = _RUN.replace("range(3)", "range(4)").replace("GELU", "Tanh")  # more programs, other ones
+    out = subprocess.run([sys.executable, "-c", other], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": ROOT, "DEFERFUSE_CACHE_DIR": str(tmp_path),
+                              "DEFERFUSE_CACHE_MAX_MB": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    folder = json.loads(out.stdout.splitlines()[-1])["folder"]
+    sizes = [os.path.getsize(p) for p in glob.glob(os.path.join(folder, "*-cache"))]
+    assert sizes and sum(sizes) <= 1 << 20
+
+
+@pytest.mark.parametrize("setting", ["", "0"])
+def test_it_can_be_turned_off(tmp_path, setting):
+    result, _ = _run(setting, HOME=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    assert result["folder"] is None and result["hits"] == result["misses"] == 0
+    assert not os.listdir(tmp_path)
+
+
+def test_the_default_folder_is_under_the_users_cache(tmp_path):
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    env.pop("DEFERFUSE_CACHE_DIR", None)
+    out = subprocess.run([sys.executable, "-c", "import deferfuse; print(deferfuse.persistent.configure())"],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT, env={**env, "PYTHONPATH": ROOT})
+    assert out.stdout.strip().startswith(str(tmp_path / "deferfuse" / "jax-")), out.stderr[-2000:]
+
+
+def test_a_folder_others_may_write_is_not_used(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    result, stderr = _run(str(shared))
+    assert result["folder"] is None and "not private" in stderr

@@ -206,6 +206,8 @@ def _summary(m: dict, n_recompiles: int | None) -> dict[str, Any]:
         "cache_hits": hits,
         "cache_misses": misses,
         "cache_hit_rate": _rate(hits, hits + misses),
+        "persistent_cache_hits": m.get("persistent_cache_hits", 0),
+        "persistent_cache_misses": m.get("persistent_cache_misses", 0),
         "programs_executed": m.get("execute_calls", 0),
         "fusion_ratio": _rate(m.get("ops_recorded", 0), m.get("execute_calls", 0)),
         "cpu_fallbacks": m.get("cpu_fallbacks_total", sum(m.get("cpu_fallbacks", {}).values())),

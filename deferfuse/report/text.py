@@ -101,6 +101,10 @@ def render(rep: dict[str, Any], top: int = 5, color: bool = False) -> str:
         f"  {s['ops_recorded']} ops recorded, {s['flushes']} flushes, {s['programs_compiled']} programs compiled, "
         f"{s['cache_hits']} cache hits ({pct(s['cache_hit_rate'])} hit rate), {s['cpu_fallbacks']} CPU fallbacks"
     )
+    disk_hits, disk_misses = s.get("persistent_cache_hits", 0), s.get("persistent_cache_misses", 0)
+    if disk_hits or disk_misses:
+        lines.append(f"  XLA compiles: {disk_hits} loaded from the persistent cache, {disk_misses} compiled and written "
+                     "to it")
     ratio = "-" if s["fusion_ratio"] is None else f"{s['fusion_ratio']:.1f}"
     lines.append(
         f"  {s['programs_executed']} programs run: {ratio} ops per program; {mem['intermediates_skipped']} intermediates "

@@ -19,6 +19,7 @@ from .check import check  # noqa: E402  (the name `check` is the function; `pyth
 from .config import CONFIG  # noqa: E402
 from .engine import FlushError  # noqa: E402
 from .executors.base import EagerMode  # noqa: E402
+from .jax_op import jax_op  # noqa: E402
 from .modes import DeferfuseMode, get_default_mode, mode, run_backward_here, set_default_mode  # noqa: E402
 from .report import explain, report  # noqa: E402  (the name `report` is the function; the package stays importable)
 from .tensor import TpuTensor  # noqa: E402
@@ -61,5 +62,6 @@ __all__ = [
     "report",
     "explain",
     "check",
+    "jax_op",
 ]
 __version__ = "0.1.0"

@@ -10,23 +10,42 @@ from __future__ import annotations
 import functools
 import types
 import warnings
+from typing import NamedTuple
 
-import jax
 import torch
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-NAME = "tpu"
+from . import memory
+from .executors.base import EagerMode
+from .modes import get_default_mode, mode, set_default_mode
+from .target import NAME, check_ordinal as _check_ordinal, device_index, jax_device
 
 
-def jax_device() -> jax.Device:
-    """JAX's default device: a TPU where there is one, else GPU, else CPU."""
-    return jax.devices()[0]
+class _DeviceProperties(NamedTuple):
+    """What `torch.tpu.get_device_properties()` says (torch.cuda's fields where JAX knows them)."""
+
+    name: str
+    type: str  # JAX's platform: tpu, gpu or cpu
+    total_memory: int | None  # bytes, where the backend says (not on CPU)
+    device_kind: str
+
+
+class _TpuModule(types.ModuleType):
+    """A module class of its own for `torch.tpu.eager_mode`, a settable property as TorchTPU's."""
+
+    @property
+    def eager_mode(self):
+        return get_default_mode()
+
+    @eager_mode.setter
+    def eager_mode(self, kind) -> None:
+        set_default_mode(kind)
 
 
 def _make_module() -> types.ModuleType:
     from . import rng
 
-    mod = types.ModuleType("torch.tpu", "deferfuse's torch.tpu: the 'tpu' device backed by JAX")
+    mod = _TpuModule("torch.tpu", "deferfuse's torch.tpu: the 'tpu' device backed by JAX")
 
     def is_available() -> bool:
         return True
@@ -74,6 +93,39 @@ def _make_module() -> types.ModuleType:
     def set_device(index) -> None:
         device(index)
 
+    def get_device_properties(device=None) -> _DeviceProperties:
+        get_device_name(device)  # its index check
+        d = jax_device()
+        return _DeviceProperties(str(d), d.platform, memory.total(d), getattr(d, "device_kind", d.platform))
+
+    def memory_allocated(device=None) -> int:
+        _check_ordinal(device)
+        return memory.allocated(jax_device())
+
+    def max_memory_allocated(device=None) -> int:
+        _check_ordinal(device)
+        return memory.max_allocated(jax_device())
+
+    def reset_peak_memory_stats(device=None) -> None:
+        _check_ordinal(device)
+        memory.reset_peak(jax_device())
+
+    def memory_stats(device=None) -> dict:
+        _check_ordinal(device)
+        return memory.stats(jax_device())
+
+    def empty_cache() -> None:
+        """Nothing to release: JAX frees a buffer when its last array goes."""
+
+    mod.get_device_properties = get_device_properties
+    mod.memory_allocated = memory_allocated
+    mod.max_memory_allocated = max_memory_allocated
+    mod.reset_peak_memory_stats = reset_peak_memory_stats
+    mod.memory_stats = memory_stats
+    mod.empty_cache = empty_cache
+    # TorchTPU's mode API: torch.tpu.eager_mode (a property, above), set_eager_mode (a block)
+    mod.EagerMode = EagerMode
+    mod.set_eager_mode = mode
     mod.device = device
     mod.set_device = set_device
     # checkpoint() saves and restores a device's RNG state only once its backend says it is
@@ -95,26 +147,6 @@ def _make_module() -> types.ModuleType:
     mod.get_rng_state = rng.get_rng_state
     mod.set_rng_state = rng.set_rng_state
     return mod
-
-
-def device_index(device) -> int:
-    """The index `device` names, read as torch.cuda reads one (its _get_device_index): None and
-    "tpu" name the current device, 0; a device of another type is its ValueError."""
-    if isinstance(device, str):
-        device = torch.device(device)
-    if isinstance(device, torch.device):
-        if device.type != NAME:
-            raise ValueError(f"Expected a {NAME} device, but got: {device}")
-        device = device.index
-    return 0 if device is None else device
-
-
-def _check_ordinal(device) -> None:
-    """torch.cuda.device and synchronize take a negative index as "no change" and fail on one past
-    the last device when they select it ("CUDA error: invalid device ordinal")."""
-    if device_index(device) not in (-1, 0):
-        raise torch.AcceleratorError(f"deferfuse: invalid device ordinal: there is one tpu device (tpu:0), "
-                                     f"got {device}")
 
 
 class _Hooks(torch._C._acc.PrivateUse1Hooks):
@@ -146,7 +178,7 @@ def register() -> None:
     global _registered, _lib
     if _registered:
         return
-    if torch._C._get_privateuse1_backend_name() != "privateuseone":
+    if torch._C._get_privateuse1_backend_name() not in ("privateuseone", NAME):  # target.py claims NAME
         raise RuntimeError(
             f"deferfuse: PrivateUse1 is already registered as {torch._C._get_privateuse1_backend_name()!r}"
         )
@@ -190,22 +222,26 @@ def register() -> None:
     _registered = True
 
 
+_ACCELERATOR_CALLS = ("synchronize", "memory_allocated", "max_memory_allocated", "reset_peak_memory_stats",
+                      "memory_stats", "empty_cache")
+
+
 def _accelerator_synchronize() -> None:
-    """torch.accelerator.synchronize() asks the backend's C++ device guard, which a Python
-    backend has no way to provide ("Backend doesn't support synchronizing all streams"): for
-    tpu it is torch.tpu.synchronize()."""
+    """torch.accelerator's synchronize() and memory queries ask the backend's C++ device guard and
+    caching allocator, which a Python backend has no way to provide ("Backend doesn't support
+    synchronizing all streams", an internal assert for memory): for tpu they are torch.tpu's."""
     accelerator = torch.accelerator
-    synchronize = accelerator.synchronize
+    for name in _ACCELERATOR_CALLS:
+        theirs = getattr(accelerator, name)
 
-    @functools.wraps(synchronize)
-    def _synchronize(device=None):
-        current = accelerator.current_accelerator()
-        if current is not None and current.type == NAME:
-            torch.tpu.synchronize(device)
-            return None
-        return synchronize(device)
+        @functools.wraps(theirs)
+        def call(*args, _name=name, _theirs=theirs, **kwargs):
+            current = accelerator.current_accelerator()
+            if current is not None and current.type == NAME:
+                return getattr(torch.tpu, _name)(*args, **kwargs)
+            return _theirs(*args, **kwargs)
 
-    accelerator.synchronize = _synchronize
+        setattr(accelerator, name, call)
 
 
 def _follow_default_dtype() -> None:
@@ -444,9 +480,3 @@ def _local_scalar_dense(t):
 
     return dispatch(torch.ops.aten._local_scalar_dense.default, (t,), {})
 
-
-DEVICE = None  # set by deferfuse/__init__ once registered
-
-
-def torch_device() -> torch.device:
-    return torch.device(NAME, 0)

@@ -12,6 +12,8 @@ import random as _pyrandom
 import jax
 import torch
 
+from .target import NAME, device_index
+
 _DEFAULT_SEED = 67280421310721  # torch's default CPU seed, so an unseeded run is still reproducible
 _seed = _DEFAULT_SEED
 _counter = 0
@@ -59,8 +61,6 @@ def set_rng_state(state: torch.Tensor, device=None) -> None:
 def _check_device(device) -> None:
     """torch.cuda's RNG state functions index a tuple of per-device generators: an index past the
     last device is an IndexError there (a negative one, torch.device's RuntimeError)."""
-    from .device import NAME, device_index
-
     if isinstance(device, int):
         device = torch.device(NAME, device)
     if device_index(device) != 0:
@@ -82,8 +82,6 @@ def key(seed_value, counter):
 class TpuGenerator(torch._C.Generator):
     @property
     def device(self) -> torch.device:
-        from .device import NAME
-
         return torch.device(NAME, 0)
 
 
@@ -115,8 +113,6 @@ class Generator(torch._C.Generator, metaclass=_GeneratorType):
     still an instance of it."""
 
     def __new__(cls, device=None):
-        from .device import NAME
-
         if device is not None and torch.device(device).type == NAME:
             return TpuGenerator("cpu")
         return torch._C.Generator() if device is None else torch._C.Generator(device)

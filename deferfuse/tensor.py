@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from . import backward, dtypes, views
-from .device import NAME
+from .target import NAME, jax_device
 
 DEVICE = torch.device(NAME, 0)
 
@@ -327,8 +327,6 @@ def from_concrete(array: jax.Array, dtype: torch.dtype) -> TpuTensor:
 
 def host_to_jax(t: torch.Tensor) -> jax.Array:
     """A device copy of a CPU tensor's logical contents (never aliasing torch's memory)."""
-    from .device import jax_device
-
     return jax.device_put(np.array(dtypes.torch_to_numpy(t), copy=True), jax_device())
 
 

@@ -1,0 +1,38 @@
+"""The device deferfuse serves: its PyTorch name, the JAX device behind it, and how an index or
+a `torch.device` names it. A leaf every layer may import; the wiring into PyTorch is device.py."""
+from __future__ import annotations
+
+import jax
+import torch
+
+NAME = "tpu"
+
+# PyTorch knows the name from here on, so torch.device("tpu") works in every module that imports
+# this one; device.py wires in the rest (hooks, guard, kernels, the torch.tpu module).
+if torch._C._get_privateuse1_backend_name() != NAME:
+    torch.utils.rename_privateuse1_backend(NAME)
+
+
+def jax_device() -> jax.Device:
+    """JAX's default device: a TPU where there is one, else GPU, else CPU."""
+    return jax.devices()[0]
+
+
+def device_index(device) -> int:
+    """The index `device` names, read as torch.cuda reads one (its _get_device_index): None and
+    "tpu" name the current device, 0; a device of another type is its ValueError."""
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != NAME:
+            raise ValueError(f"Expected a {NAME} device, but got: {device}")
+        device = device.index
+    return 0 if device is None else device
+
+
+def check_ordinal(device) -> None:
+    """torch.cuda.device and synchronize take a negative index as "no change" and fail on one past
+    the last device when they select it ("CUDA error: invalid device ordinal")."""
+    if device_index(device) not in (-1, 0):
+        raise torch.AcceleratorError(f"deferfuse: invalid device ordinal: there is one tpu device (tpu:0), "
+                                     f"got {device}")

@@ -40,6 +40,7 @@ _FUNC_IDS: list = []  # fid -> func
 _RECIPES: dict[tuple, "Recipe"] = {}
 _VIEWS: dict[tuple, tuple] = {}
 _depth = 0
+_in_op = 0  # top-level calls in progress (one, or more when an executor's check makes a call)
 
 # PyTorch's Core ATen decompositions, plus its other ATen-level ones. Reference implementations
 # from torch._refs outside the core set are left out: they lower to prims, some of which come back
@@ -91,7 +92,7 @@ def torch_dispatch(cls, func, types, args=(), kwargs=None):
     """`TpuTensor.__torch_dispatch__` itself, installed at import (not a method that calls it):
     every ATen call on a tpu tensor comes here, and a Python frame is a tenth of a
     microsecond of the recording cost per op."""
-    global _depth
+    global _depth, _in_op
     if kwargs is None:
         kwargs = {}
     try:
@@ -104,6 +105,7 @@ def torch_dispatch(cls, func, types, args=(), kwargs=None):
             return route(func, args, kwargs)
         finally:
             _depth -= 1
+    _in_op += 1  # Ctrl-C waits from here until the op, its checks and flush included, is done
     try:
         ex = _stack[-1] if _stack else _default[0]
         if ex.checks_before:
@@ -129,13 +131,15 @@ def torch_dispatch(cls, func, types, args=(), kwargs=None):
         ex.after_op(func, out)
         if timing:
             m.record_seconds += (time.perf_counter() - t0) - (m.flush_seconds - f0) - (m.sync_wait_seconds - w0)
-        if _HELD[0]:  # Ctrl-C came while the op ran: now that it is done (interrupts.py)
-            _deliver()
-        return out
     except BaseException as err:
+        _in_op -= 1
         if _into_engine():  # raised into the autograd engine's C++, it would abort the process
             return _stop(err)
         raise
+    _in_op -= 1
+    if _HELD[0]:  # Ctrl-C came while the op ran: now that it is done (interrupts.py)
+        _deliver()
+    return out
 
 
 def spec_of(func) -> ArgSpec:
@@ -245,7 +249,7 @@ _into_engine = backward.into_engine
 _stop = backward.stop
 _HELD = interrupts._held
 _deliver = interrupts.deliver
-interrupts.when_busy(lambda: _depth > 0)
+interrupts.when_busy(lambda: _in_op > 0)
 
 
 def emit(r: Recipe, tensors, scalars, key=None):

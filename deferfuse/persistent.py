@@ -9,9 +9,12 @@ whose compiles take seconds:
 - under `$XDG_CACHE_HOME/deferfuse` or `~/.cache/deferfuse` (DEFERFUSE_CACHE_DIR elsewhere; empty
   or 0 turns it off), in a folder per jax, jaxlib and deferfuse version, so an upgrade never even
   looks at an older one's entries;
-- capped (DEFERFUSE_CACHE_MAX_MB), least recently used entries evicted first. The cap also turns
-  on JAX's file lock around every read and write, which makes several processes writing at once
-  (torchrun, pytest-xdist) safe;
+- capped (DEFERFUSE_CACHE_MAX_MB), least recently used entries evicted first;
+- safe with several processes writing at once (torchrun, pytest-xdist) and with Ctrl-C at any
+  moment: an entry is written to a file of its own and renamed into place, so a reader sees all
+  of it or none, and nothing is locked. (JAX's own capped store takes a file lock around every
+  read and write, and an interrupt landing inside the lock's bookkeeping left the next compile
+  of the process waiting on itself forever; so deferfuse puts its own store in its place);
 - a corrupt or truncated entry is skipped with JAX's warning and the program is compiled again;
 - every program is written, however fast its compile (JAX's default keeps only those over 1 s,
   and a training step is hundreds of small ones).
@@ -23,12 +26,18 @@ the user's own, or that others may write, is not used.
 from __future__ import annotations
 
 import os
+import pathlib
 import stat
+import time
+import uuid
 import warnings
 from importlib import metadata
 
 import jax
 import jaxlib
+
+from jax._src import compilation_cache as jcc  # private: JAX has no public hook for a store of one's own
+from jax._src.compilation_cache_interface import CacheInterface
 
 from .config import CONFIG
 from .events import METRICS
@@ -72,10 +81,77 @@ def configure() -> str | None:
         return None
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    jax.config.update("jax_compilation_cache_max_size", CONFIG.cache_max_mb << 20)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    _install(Store(path, CONFIG.cache_max_mb << 20))
     _listen()
     return path
+
+
+def _install(store: "Store") -> None:
+    """Make `store` the cache JAX reads and writes (its module-level slot; JAX fills it with its
+    own LRUCache on first use otherwise)."""
+    with jcc._cache_initialized_mutex:
+        jcc._cache = store
+        jcc._cache_initialized = True
+
+
+class Store(CacheInterface):
+    """Entries as files `<key>-cache`, written whole under another name and renamed into place;
+    a read marks an entry used (its mtime), and past the cap the least recently used go."""
+
+    def __init__(self, path: str, max_bytes: int):
+        self._path = pathlib.Path(path)
+        self.max_bytes = max_bytes
+        self.size: int | None = None  # what this process knows the folder holds
+
+    def get(self, key: str) -> bytes | None:
+        entry = self._path / f"{key}-cache"
+        try:
+            value = entry.read_bytes()
+            os.utime(entry)
+        except FileNotFoundError:  # never written, or evicted by another process meanwhile
+            return None
+        return value
+
+    def put(self, key: str, value: bytes) -> None:
+        entry = self._path / f"{key}-cache"
+        if entry.exists() or len(value) > self.max_bytes:
+            return
+        part = self._path / f".{key}.{uuid.uuid4().hex}.part"
+        try:
+            part.write_bytes(value)
+            os.replace(part, entry)
+        finally:
+            part.unlink(missing_ok=True)
+        if self.size is None:
+            self.size = self._scan()[0]
+        self.size += len(value)
+        if self.size > self.max_bytes:
+            self._evict()
+
+    def _scan(self) -> tuple[int, list]:
+        entries, total, stale = [], 0, time.time() - 3600
+        for p in self._path.iterdir():
+            try:
+                st = p.stat()
+            except FileNotFoundError:
+                continue
+            if p.name.endswith("-cache"):
+                entries.append((st.st_mtime, st.st_size, p))
+                total += st.st_size
+            elif p.name.endswith(".part") and st.st_mtime < stale:  # a write interrupted long ago
+                p.unlink(missing_ok=True)
+        return total, entries
+
+    def _evict(self) -> None:
+        """Down to nine tenths of the cap, oldest use first (other processes' entries count too)."""
+        total, entries = self._scan()
+        for _, size, p in sorted(entries):
+            if total <= self.max_bytes * 9 // 10:
+                break
+            p.unlink(missing_ok=True)
+            total -= size
+        self.size = total
 
 
 _LISTENING = []

@@ -17,14 +17,16 @@ from conftest import MODES, ROOT
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_sigint_at_random_moments_of_a_recording_and_flushing_loop(mode):
+def test_sigint_at_random_moments_of_a_recording_and_flushing_loop(mode, tmp_path):
     """A thread sends SIGINT at random moments of a loop of in-place ops, ops through a view, a
     foreach op over two tensors and host reads, about a hundred times in DeferAndFuse and over a
     thousand in Strict; after each, the loop checks every value against its count of completed
-    ops. Before interrupts.py, a flush cut by one left its tensors reading zeros."""
+    ops. Before interrupts.py, a flush cut by one left its tensors reading zeros. A fresh
+    persistent cache folder, so interrupts also land while its entries are read and written
+    (JAX's own store deadlocked there)."""
     script = os.path.join(ROOT, "tests", "interrupt_loop.py")
     out = subprocess.run([sys.executable, script, mode, "8", "1"], capture_output=True, text=True, timeout=240,
-                         env={**os.environ, "PYTHONPATH": ROOT})
+                         env={**os.environ, "PYTHONPATH": ROOT, "DEFERFUSE_CACHE_DIR": str(tmp_path)})
     assert out.returncode == 0, out.stderr[-2000:]
     caught = int(out.stdout.split()[1])
     assert caught >= 20, out.stdout

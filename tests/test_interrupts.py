@@ -82,7 +82,7 @@ def test_an_interrupt_held_during_a_flush_is_raised_when_it_ends(monkeypatch):
     real = cache.execute
 
     def signalled(*args):
-        os.kill(os.getpid(), signal.SIGINT)  # handled now, inside the flush: held
+        signal.raise_signal(signal.SIGINT)  # this thread, so handled now, inside the flush: held
         return real(*args)
 
     with deferfuse.mode():

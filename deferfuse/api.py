@@ -3,14 +3,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import cache, engine, events, sources
+from .causes import Cause
+from . import cache, pending, events, sources
 
 
-def sync(cause: str = "sync", depth: int = 2) -> None:
+def sync(cause: str = Cause.SYNC, depth: int = 2) -> None:
     """Run everything pending now and wait for it (`deferfuse.sync()`, `torch.tpu.synchronize()`)."""
     where = sources.user_frame(depth)
-    done = engine.flush(cause, where)
-    engine.block(done, everything=True)
+    done = pending.flush(cause, where)
+    pending.block(done, everything=True)
 
 
 def metrics() -> dict[str, Any]:
@@ -19,7 +20,7 @@ def metrics() -> dict[str, Any]:
     decomposed ops replayed as one node by op name, and how many intermediates were never
     materialised."""
     out = events.METRICS.as_dict()
-    out["pending_nodes"] = engine.pending_count()
+    out["pending_nodes"] = pending.pending_count()
     out["cache_entries"] = cache.size()
     return out
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from . import cache, engine
+from .causes import Cause
+from . import cache, pending
 from .config import CONFIG
 from .events import METRICS
 from .graph import Graph
@@ -48,7 +49,7 @@ class Captured:
 
     def __call__(self, *args) -> Any:
         if any(isinstance(a, TpuTensor) and (a._st.value is None or a._lay is not None) for a in args):
-            engine.flush("capture")
+            pending.flush(Cause.CAPTURE)
         inputs = []
         # storages the replay overwrites hand their old value over (st.value cleared), so the
         # program may donate its buffer to the new value when nothing else holds it
@@ -82,7 +83,7 @@ class Captured:
             METRICS.compile_seconds += time.perf_counter() - t0
         for st, idx in self._outputs:
             st.value = values[idx]
-        engine.track_inflight(values)  # deferfuse.sync() waits for replays like any program
+        pending.track_inflight(values)  # deferfuse.sync() waits for replays like any program
         return self.result
 
     def _replaces(self, handed) -> dict[int, int]:
@@ -93,8 +94,8 @@ class Captured:
 
 def capture(step: Callable[..., Any], *args: Any) -> Captured:
     """Record `step(*args)` as one program; see the module docstring for what replays."""
-    engine.flush("capture")
-    stream = engine.STREAM
+    pending.flush(Cause.CAPTURE)
+    stream = pending.PENDING
     saved = (stream.period.lookback, CONFIG.max_pending, CONFIG.max_group_ops, CONFIG.fuse_block_ops)
     stream.period.lookback = CONFIG.fuse_block_ops = 0  # the flush above reset the detector
     CONFIG.max_pending = CONFIG.max_group_ops = 1 << 30
@@ -104,7 +105,7 @@ def capture(step: Callable[..., Any], *args: Any) -> Captured:
         with DeferfuseMode("defer_and_fuse"):
             result = step(*args)
             g = stream.graph
-            engine.flush("capture")
+            pending.flush(Cause.CAPTURE)
     finally:
         stream.period.lookback, CONFIG.max_pending, CONFIG.max_group_ops, CONFIG.fuse_block_ops = saved
         stream.graph.sources = None

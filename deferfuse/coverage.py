@@ -18,8 +18,10 @@ from collections import Counter, defaultdict
 import torch
 
 import deferfuse  # noqa: F401  (registers the device and the lowerings)
-from . import dispatch, mutation, special
+from .dispatch import HANDLERS
 from .lowering import LOWERINGS
+from .record import info_of
+from .routes.data_dependent import EAGER
 
 aten = torch.ops.aten
 
@@ -61,18 +63,17 @@ def served(op) -> tuple[str, str]:
     if op in LOWERINGS:
         low = LOWERINGS[op]
         return "lowered", f"{low.family}: {low.fn.__module__.rsplit('.', 1)[-1]}.{low.fn.__name__}"
-    if op in special.HANDLERS:
-        return "special", special.HANDLERS[op].__name__
-    route = dispatch._classify(op)
+    if op in HANDLERS:
+        return "special", HANDLERS[op].__name__
+    route = info_of(op).route
     name = getattr(route, "inner", route).__name__
     if name in ("route_view", "route_as_strided", "route_alias"):
         return "view", "metadata over the shared storage; nothing computed"
     if name == "route_inplace_view":
         return "view", "in-place metadata change"
     if name == "route_mutating":
-        kind = mutation._FUNCTIONAL[op]
-        inner = served(kind[1])[0]
-        return "mutation", f"{kind[1]} ({inner}) then a write into the target"
+        functional = info_of(op).variant.functional
+        return "mutation", f"{functional} ({served(functional)[0]}) then a write into the target"
     if name == "route_decomposed":
         return "decomposed", "torch._decomp"
     if name == "route_composite":
@@ -80,7 +81,7 @@ def served(op) -> tuple[str, str]:
     if name == "route_explicit":
         return "decomposed", "CompositeExplicitAutograd kernel"
     if name == "route_data_dependent":
-        how = "eager JAX" if op in special.EAGER else "CPU fallback"
+        how = "eager JAX" if op in EAGER else "CPU fallback"
         return "data-dependent", f"flushes, then {how}"
     if name == "route_fallback":
         return "cpu-fallback", REASONS.get(str(op), "no lowering or decomposition")

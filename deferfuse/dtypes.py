@@ -117,3 +117,17 @@ def numpy_to_torch(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
 
 def is_floating(dtype: torch.dtype) -> bool:
     return dtype.is_floating_point or dtype.is_complex
+
+
+# Caches keyed by a call's signature hold what the call makes, which for factories and
+# int-to-float promotions depends on torch's default dtype: each registers how to forget itself.
+_FORGET: list = []
+
+
+def on_default_dtype_change(forget) -> None:
+    _FORGET.append(forget)
+
+
+def default_dtype_changed() -> None:
+    for forget in _FORGET:
+        forget()

@@ -52,7 +52,7 @@ class Metrics:
         return {
             "ops_recorded": self.ops_recorded,
             "flushes": sum(self.flushes.values()),
-            "flushes_by_cause": dict(self.flushes),
+            "flushes_by_cause": {str(c): n for c, n in self.flushes.items()},
             "cache_hits": self.cache_hits,
             "cache_misses": self.cache_misses,
             "programs_compiled": self.cache_misses,
@@ -74,7 +74,7 @@ class Metrics:
             "execute_seconds": self.execute_seconds,
             "record_seconds": self.record_seconds,
             "max_pending": self.max_pending,
-            "host_syncs_by_cause": dict(self.host_syncs),
+            "host_syncs_by_cause": {str(c): n for c, n in self.host_syncs.items()},
             "persistent_cache_hits": self.persistent_hits,
             "persistent_cache_misses": self.persistent_lookups - self.persistent_hits,
         }

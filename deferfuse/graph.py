@@ -216,7 +216,7 @@ class Graph:
         self.nodes: list[Node] = []
         self.inputs: list = []  # concrete jax arrays, by position
         self.input_avals: list = []  # (shape, jax dtype) per input, part of the key
-        self._input_pos: dict[int, int] = {}
+        self.input_pos: dict[int, int] = {}
         self.scalars: list = []
         self.storages: list = []  # weakrefs to storages whose value is pending in this graph
         self.sig: list = []  # per node (op id, inputs), the structural key
@@ -225,17 +225,15 @@ class Graph:
         # id(storage) -> position of the input that was its value before it became pending here:
         # which output replaces which input, so a donated buffer takes its own new value
         self.prior: dict[int, int] = {}
-        self.live: list = []  # at the flush: the storages that receive values
-        self.live_refs: dict[int, int] = {}  # at the flush: out ref -> position among the outputs
 
     def __len__(self):
         return len(self.nodes)
 
     def input_ref(self, array, shape, dtype) -> int:
-        pos = self._input_pos.get(id(array))
+        pos = self.input_pos.get(id(array))
         if pos is None:
             pos = len(self.inputs)
-            self._input_pos[id(array)] = pos
+            self.input_pos[id(array)] = pos
             self.inputs.append(array)
             self.input_avals.append((shape, dtype))
         return -(pos + 1)

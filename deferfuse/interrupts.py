@@ -14,7 +14,7 @@ so each flush puts deferfuse's back (`ensure_installed`, a dictionary lookup whe
 
 Other exceptions that can land anywhere (one raised by the user's own signal handler, SystemExit
 from a hook) are handled where they land: a flush that had not consumed an input leaves its work
-pending, and otherwise raises on reading what it did not finish (engine.py).
+pending, and otherwise raises on reading what it did not finish (pending.py).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ _MAIN = threading.main_thread()
 
 
 def when_busy(check: Callable[[], bool]) -> None:
-    """Register a check that deferfuse is inside an op or a flush (dispatch.py, engine.py fill it)."""
+    """Register a check that deferfuse is inside an op or a flush (dispatch.py, pending.py fill it)."""
     _busy.append(check)
 
 

@@ -70,11 +70,13 @@ def splittable(func) -> bool:
     return not any(a.name == "scalars" and not isinstance(a.type, torch.ListType) for a in schema.arguments)
 
 
-def split_route(func, route: Callable, eager_now: list) -> Callable:
+def split_route(func, route: Callable, call) -> Callable:
+    """`route` with its lists split at layer boundaries; `call.eager_now` (record.Call) keeps an
+    op that runs at once whole."""
     lists = [k for k, a in enumerate(func._schema.arguments) if isinstance(a.type, torch.ListType)]
 
     def route_split(func, args, kwargs):
-        cuts = None if eager_now[0] else chunks(args[0])
+        cuts = None if call.eager_now else chunks(args[0])
         if cuts is None:
             return route(func, args, kwargs)
         outs = []

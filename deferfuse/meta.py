@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from . import dtypes
-from .tensor import LAYOUTS, TpuTensor
+from .tensor import LAYOUTS, TpuTensor, from_concrete, host_to_jax
 
 aten = torch.ops.aten
 
@@ -40,6 +40,10 @@ _SHAPE_SCALARS = {"arange", "range", "linspace", "logspace"}
 
 class Placeholder:
     """Stands for a graph input (tensor) or runtime scalar in an argument template."""
+
+    TENSOR = "tensor"  # the index-th input tensor
+    SCALAR = "scalar"  # the index-th runtime scalar, a Python number
+    CPU_SCALAR = "cpu_scalar"  # the index-th runtime scalar, read from a 0-dim CPU tensor
 
     __slots__ = ("kind", "index")
 
@@ -105,8 +109,6 @@ def _cpu_scalar(a: torch.Tensor, spec: ArgSpec, tensors, scalars):
         scalars.append(np.array(dtypes.torch_to_numpy(a)))  # a copy: the tensor may change before a flush
         return ("cpu0", a.dtype)
     if spec.allow_cpu:
-        from .tensor import from_concrete, host_to_jax
-
         t = from_concrete(host_to_jax(a), a.dtype)
         tensors.append(t)
         return t._lid
@@ -196,23 +198,23 @@ def template(spec: ArgSpec, args: tuple, kwargs: dict):
         if kind in (T, TOPT):
             if isinstance(a, TpuTensor):
                 counters[0] += 1
-                return Placeholder("t", counters[0] - 1)
+                return Placeholder(Placeholder.TENSOR, counters[0] - 1)
             if isinstance(a, torch.Tensor):
                 if a.dim() == 0:
                     counters[1] += 1
-                    return Placeholder("c", counters[1] - 1)
+                    return Placeholder(Placeholder.CPU_SCALAR, counters[1] - 1)
                 counters[0] += 1
-                return Placeholder("t", counters[0] - 1)
+                return Placeholder(Placeholder.TENSOR, counters[0] - 1)
             if type(a) in (float, int) and (type(a) is float or -(1 << 63) <= a < (1 << 63)):
                 counters[1] += 1
-                return Placeholder("s", counters[1] - 1)
+                return Placeholder(Placeholder.SCALAR, counters[1] - 1)
             return a
         if kind == TLIST:
             return [sub(T, x) for x in a]
         if kind in (SCALAR, SCALAR_OPT):
             if type(a) in (float, int) and (type(a) is not int or -(1 << 63) <= a < (1 << 63)):
                 counters[1] += 1
-                return Placeholder("s", counters[1] - 1)
+                return Placeholder(Placeholder.SCALAR, counters[1] - 1)
             if isinstance(a, torch.Tensor):
                 return sub(T, a)
             return a
@@ -228,7 +230,7 @@ def template(spec: ArgSpec, args: tuple, kwargs: dict):
 def fill(obj, tensors, scalars):
     """Replace placeholders in a template (trace time only)."""
     if isinstance(obj, Placeholder):
-        return tensors[obj.index] if obj.kind == "t" else scalars[obj.index]
+        return tensors[obj.index] if obj.kind is Placeholder.TENSOR else scalars[obj.index]
     if isinstance(obj, (list, tuple)):
         return type(obj)(fill(x, tensors, scalars) for x in obj)
     if isinstance(obj, dict):

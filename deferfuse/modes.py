@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from .causes import Cause
+from . import pending
 from .config import CONFIG
 from .executors.base import EagerMode, Executor
 from .executors.debug import DebugExecutor
@@ -51,11 +53,9 @@ def as_mode(kind: "str | EagerMode") -> EagerMode:
 
 def set_default_mode(kind: "str | EagerMode") -> None:
     """Change the mode used outside `with deferfuse.mode()` blocks; pending work is flushed first."""
-    from . import engine
-
     new = EXECUTORS[as_mode(kind)]
     if new is not _default[0]:
-        engine.flush("mode_change")
+        pending.flush(Cause.MODE_CHANGE)
     _default[0] = new
 
 
@@ -68,7 +68,7 @@ class DeferfuseMode:
 
     It selects an executor and installs nothing in PyTorch's dispatcher: every ATen call on a tpu
     tensor already reaches deferfuse through `TpuTensor.__torch_dispatch__`, and every call that
-    creates one (`device="tpu"`) through the PrivateUse1 kernels `device.py` registers. A
+    creates one (`device="tpu"`) through the PrivateUse1 kernels `install.py` registers. A
     TorchDispatchMode would add nothing but a Python call for every op in the block, CPU ones
     included (an optimizer's `.item()` on its CPU step counters: about 8 µs each, a hundred per
     GPT step).
@@ -92,12 +92,10 @@ class DeferfuseMode:
         if exc_type is None:
             self.executor.on_exit()
         else:
-            from . import engine
-
             # the block raised: still run what was recorded so live tensors stay valid, but let
             # the user's exception, not a secondary flush failure, be the one they see
             try:
-                engine.flush("mode_exit")
+                pending.flush(Cause.MODE_EXIT)
             except Exception:  # noqa: BLE001 - failed storages keep the error and re-raise on use
                 pass
         return False

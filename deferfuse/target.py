@@ -1,5 +1,5 @@
 """The device deferfuse serves: its PyTorch name, the JAX device behind it, and how an index or
-a `torch.device` names it. A leaf every layer may import; the wiring into PyTorch is device.py."""
+a `torch.device` names it. A leaf every layer may import; the wiring into PyTorch is install.py."""
 from __future__ import annotations
 
 import jax
@@ -8,7 +8,7 @@ import torch
 NAME = "tpu"
 
 # PyTorch knows the name from here on, so torch.device("tpu") works in every module that imports
-# this one; device.py wires in the rest (hooks, guard, kernels, the torch.tpu module).
+# this one; install.py wires in the rest (hooks, guard, kernels, the torch.tpu module).
 if torch._C._get_privateuse1_backend_name() != NAME:
     torch.utils.rename_privateuse1_backend(NAME)
 

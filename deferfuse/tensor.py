@@ -16,7 +16,9 @@ from collections import OrderedDict
 import jax
 import numpy as np
 import torch
+from torch._tensor_str import _add_suffixes, _tensor_str
 
+from .causes import Cause
 from . import backward, dtypes, views
 from .target import NAME, jax_device
 
@@ -72,7 +74,7 @@ class Storage:
         if self.graph is not graph:  # already pending there: the graph tracks it once
             v = self.value
             if v is not None:
-                pos = graph._input_pos.get(id(v))  # the graph holds its inputs, so the id is theirs
+                pos = graph.input_pos.get(id(v))  # the graph holds its inputs, so the id is theirs
                 if pos is not None:
                     graph.prior[id(self)] = pos
             self.graph = graph
@@ -123,42 +125,42 @@ class TpuTensor(torch.Tensor):
 
     # Host reads: name the cause, then let PyTorch's C++ do the rest through our dispatcher.
     def __bool__(self):
-        return _with_cause("bool", torch.Tensor.__bool__, self)
+        return _with_cause(Cause.BOOL, torch.Tensor.__bool__, self)
 
     def __float__(self):
-        return _with_cause("float", torch.Tensor.__float__, self)
+        return _with_cause(Cause.FLOAT, torch.Tensor.__float__, self)
 
     def __int__(self):
-        return _with_cause("int", torch.Tensor.__int__, self)
+        return _with_cause(Cause.INT, torch.Tensor.__int__, self)
 
     def __index__(self):
-        return _with_cause("int", torch.Tensor.__index__, self)
+        return _with_cause(Cause.INT, torch.Tensor.__index__, self)
 
     def __complex__(self):
-        return _with_cause("float", torch.Tensor.__complex__, self)
+        return _with_cause(Cause.FLOAT, torch.Tensor.__complex__, self)
 
     def item(self):
-        return _with_cause("item", torch.Tensor.item, self)
+        return _with_cause(Cause.ITEM, torch.Tensor.item, self)
 
     def tolist(self):
-        return _with_cause("tolist", lambda: torch.Tensor.tolist(self.cpu()))
+        return _with_cause(Cause.TOLIST, lambda: torch.Tensor.tolist(self.cpu()))
 
     def numpy(self, *, force: bool = False):
         if force:
-            return _with_cause("to_cpu", lambda: self.detach().cpu().numpy())
+            return _with_cause(Cause.TO_CPU, lambda: self.detach().cpu().numpy())
         raise TypeError(
             f"can't convert {self.device} device type tensor to numpy. Use Tensor.cpu() to copy the tensor to "
             "host memory first."
         )
 
     def __repr__(self, *, tensor_contents=None):
-        text = _with_cause("print", _repr, self)
+        text = _with_cause(Cause.PRINT, _repr, self)
         # nn.Parameter's own repr (a tpu parameter is a TpuTensor flagged as one)
         return "Parameter containing:\n" + text if getattr(self, "_is_param", False) else text
 
     def __format__(self, spec):
         if self.dim() == 0 and not self.is_meta and type(self) is TpuTensor:
-            return _with_cause("print", lambda: self.item().__format__(spec))
+            return _with_cause(Cause.PRINT, lambda: self.item().__format__(spec))
         return object.__format__(self, spec)
 
     # The engine calls these hooks from C++, where an exception they raise would abort the
@@ -334,9 +336,38 @@ def jax_to_host(array, dtype: torch.dtype) -> torch.Tensor:
     return dtypes.numpy_to_torch(np.asarray(array), dtype)
 
 
-def _repr(t: TpuTensor) -> str:
-    from torch._tensor_str import _add_suffixes, _tensor_str
+def redispatch(func, args: tuple, kwargs: dict):
+    """Serve an ATen call from inside deferfuse (a route that runs smaller ops, a factory): back
+    through the router the way PyTorch enters it, so no route imports the router above it."""
+    return TpuTensor.__torch_dispatch__(func, None, args, kwargs)
 
+
+def set_metadata(t: TpuTensor, size, stride, off) -> None:
+    """Change a tpu tensor's own size/stride/offset (in-place views, resize_, set_).
+
+    The wrapper's C++ storage is only a size bound (it holds no data), so when the new view needs
+    a larger one, a storage of the right size is borrowed from a fresh wrapper and attached with
+    the Meta kernel of `set_`, the one kernel that edits a TensorImpl of any device.
+    """
+    size, stride = tuple(size), tuple(stride)
+    extent = off + 1 + sum((n - 1) * st for n, st in zip(size, stride)) if all(n > 0 for n in size) else off
+    with torch._C._DisableTorchDispatch():
+        if extent * t.dtype.itemsize <= _wrapper_storage(t).nbytes():
+            _aten.as_strided_.default(t, size, stride, off)
+        else:
+            donor = torch.Tensor._make_wrapper_subclass(TpuTensor, (extent,), dtype=t.dtype, device=DEVICE)
+            _aten.set_.source_Storage_storage_offset._op_dk(
+                torch._C.DispatchKey.Meta, t, _wrapper_storage(donor), off, size, stride
+            )
+    t._lid = layout_id(size, stride, t.dtype)
+    t._lay = layout_for(t._st, size, stride, off)
+
+
+_aten = torch.ops.aten
+_wrapper_storage = torch.Tensor.untyped_storage  # the wrapper's own C++ storage, not the data_ptr facade
+
+
+def _repr(t: TpuTensor) -> str:
     cpu = t.detach().cpu()
     prefix = "tensor("
     if t.is_nested:

@@ -13,7 +13,7 @@ import torch
 import torch.utils.checkpoint
 
 import deferfuse
-from deferfuse import dispatch
+from deferfuse.routes import lowered
 
 
 class Twice(torch.autograd.Function):
@@ -138,7 +138,7 @@ def outcome(fn, d: str) -> dict:
 def failing_backward_formula() -> dict:
     """A tpu op that a backward formula (C++) calls fails: mul raises for the calls made inside
     backward. Nothing of the pass is written, and the next backward works."""
-    emit = dispatch.emit
+    emit = lowered.emit
 
     def failing(r, *args):
         if torch._C._current_graph_task_id() >= 0 and r.op.name == "aten.mul.Tensor":
@@ -148,14 +148,14 @@ def failing_backward_formula() -> dict:
     x = torch.ones(3, device="tpu", requires_grad=True)
     w = torch.full((3,), 2.0, device="tpu", requires_grad=True)
     loss = (x * w).sum() + w.sum()
-    dispatch.emit = failing
+    lowered.emit = failing
     try:
         loss.backward()
         raised = None
     except IndexError as e:
         raised = str(e)
     finally:
-        dispatch.emit = emit
+        lowered.emit = emit
     left = [x.grad, w.grad]
     (x * w).sum().backward()
     return {"raised": raised, "left": [g is None for g in left], "after": [x.grad.cpu().tolist(), w.grad.cpu().tolist()]}

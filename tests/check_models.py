@@ -11,7 +11,7 @@ import jax
 import torch
 from torch import nn
 
-from deferfuse import cache, dispatch
+from deferfuse import cache, record
 from deferfuse.graph import Op
 from deferfuse.lowering import LOWERINGS
 
@@ -92,7 +92,7 @@ def _retire(op) -> None:
     for key in [k for k, o in Op._interned.items() if o.name == str(op)]:
         retired = Op._interned.pop(key)
         Op._interned[("retired", retired.id)] = retired
-    dispatch.forget_recipes()
+    record.forget_recipes()
     cache.clear()
 
 

@@ -168,7 +168,7 @@ def case_out_variant(d):
 
 def case_composite_out_written_below_dispatcher(d):
     # linalg.matrix_rank's out= kernel stores its result with a C++ assignment no dispatch key
-    # sees; deferfuse registers its own out= kernel (lowering/composite_out.py)
+    # sees; deferfuse registers its own out= kernel (routes/out_kernels.py)
     torch.manual_seed(0)
     a = torch.randn(3, 4, 5)
     a[1, 3] = a[1, 0] + a[1, 1]  # rank 3

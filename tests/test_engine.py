@@ -12,7 +12,7 @@ import torch
 
 import deferfuse
 from conftest import check_all_modes
-from deferfuse import cache, engine
+from deferfuse import cache, pending
 
 
 def test_dead_intermediates_are_never_materialised(events):
@@ -65,7 +65,7 @@ def test_each_node_remembers_the_users_line():
         y = x * 3
         z = torch.nn.functional.gelu(y)
         w = layer(z)
-        nodes = list(engine.STREAM.graph.nodes)
+        nodes = list(pending.PENDING.graph.nodes)
         lines = [sources.parts(n.where)[:2] for n in nodes[-3:]]
         w.cpu()
     assert lines[0] == (__file__, first)
@@ -265,7 +265,7 @@ def test_set_default_mode_and_env_names():
     deferfuse.set_default_mode("defer_and_fuse")
     try:
         y = torch.ones(3, device="tpu") * 4
-        assert engine.pending_count() > 0
+        assert pending.pending_count() > 0
         assert y.cpu().tolist() == [4.0, 4.0, 4.0]
     finally:
         deferfuse.set_default_mode(deferfuse.EagerMode.DEFER_NEVER)

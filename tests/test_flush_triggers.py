@@ -128,8 +128,8 @@ def test_leaving_the_block(events):
 
 def test_size_cap(events, monkeypatch):
     monkeypatch.setattr(CONFIG, "max_pending", 20)
-    lookback = deferfuse.engine.STREAM.period.lookback
-    deferfuse.engine.STREAM.period.lookback = 0  # no repetition detection: only the cap cuts
+    lookback = deferfuse.pending.PENDING.period.lookback
+    deferfuse.pending.PENDING.period.lookback = 0  # no repetition detection: only the cap cuts
     try:
         with deferfuse.mode():
             x = torch.ones(3, device="tpu")
@@ -138,7 +138,7 @@ def test_size_cap(events, monkeypatch):
             _assert_flush(events, "size_cap", _line_of("# <- capped"))
             assert deferfuse.metrics()["max_pending"] <= 20
     finally:
-        deferfuse.engine.STREAM.period.lookback = lookback
+        deferfuse.pending.PENDING.period.lookback = lookback
 
 
 def test_repeated_op_heuristic(events):

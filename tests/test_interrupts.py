@@ -1,6 +1,6 @@
 """Interrupts (Ctrl-C, an exception from a signal handler or a hook) never lose data: every op
 recorded before one stays, every live tensor reads back, and the interrupted op happened
-completely or not at all (deferfuse/interrupts.py, engine.flush)."""
+completely or not at all (deferfuse/interrupts.py, pending.flush)."""
 from __future__ import annotations
 
 import os

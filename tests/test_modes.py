@@ -570,11 +570,11 @@ def test_factories_with_a_lowering_dispatch_once(make):
     """PyTorch's CompositeExplicit factory kernels would reach deferfuse as empty + the out=
     variant (+ a resize for arange); deferfuse registers its own PrivateUse1 kernels for the
     factories it lowers, so each call is one dispatch and one node, with CPU's values."""
-    from deferfuse import dispatch as D
+    from deferfuse import dispatch as D, install
     from deferfuse.tensor import TpuTensor
 
     seen = []
-    orig, orig_entry = D.dispatch, TpuTensor.__dict__["__torch_dispatch__"]
+    orig, orig_entry = install.dispatch, TpuTensor.__dict__["__torch_dispatch__"]
 
     def spy(func, args, kwargs):  # the factory kernels' way in
         seen.append(func)
@@ -586,11 +586,11 @@ def test_factories_with_a_lowering_dispatch_once(make):
 
     with deferfuse.mode():
         make("tpu")  # the first call learns the op
-        D.dispatch, TpuTensor.__torch_dispatch__ = spy, classmethod(spy_entry)
+        install.dispatch, TpuTensor.__torch_dispatch__ = spy, classmethod(spy_entry)
         try:
             out = make("tpu")
         finally:
-            D.dispatch, TpuTensor.__torch_dispatch__ = orig, orig_entry
+            install.dispatch, TpuTensor.__torch_dispatch__ = orig, orig_entry
     assert len(seen) == 1, seen
     want = make("cpu")
     assert out.dtype == want.dtype

@@ -96,14 +96,14 @@ def test_deepcopy_of_pending_tensors_models_and_state(mode):
 def test_load_with_map_location_tpu_gives_cpu_tensors_that_load_state_dict_copies(tmp_path, monkeypatch):
     """PyTorch cannot rebuild storages on tpu (it crashed): the tensors stay on CPU, with a
     warning, and load_state_dict copies them onto the tpu model and optimizer."""
-    from deferfuse import device
+    from deferfuse import install
 
     path = tmp_path / "ckpt.pt"
     model, opt = _trained("cpu")
     opt.zero_grad()
     torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, path)
     for loc in ("tpu", torch.device("tpu"), {"cpu": "tpu"}):
-        monkeypatch.setattr(device, "_WARNED_LOAD", [False])
+        monkeypatch.setattr(install, "_WARNED_LOAD", [False])
         with pytest.warns(UserWarning, match="loads the checkpoint's tensors on CPU"):
             state = torch.load(path, map_location=loc)
         assert state["model"]["0.weight"].device.type == "cpu"

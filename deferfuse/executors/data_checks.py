@@ -14,7 +14,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import torch
 
-from .. import engine, modes
+from ..causes import Cause
+from .. import pending, modes
 from ..config import CONFIG
 from ..dtypes import is_floating
 from ..meta import CLASS_TARGETS
@@ -100,7 +101,7 @@ def _check_indices(func, spec, args, kwargs) -> None:
     for ix, n in pairs:
         if not isinstance(ix, torch.Tensor) or ix.dtype == torch.bool or ix.numel() == 0:
             continue
-        v = engine.concrete(ix, "debug_op", None) if isinstance(ix, TpuTensor) else jnp.asarray(ix.numpy())
+        v = pending.concrete(ix, Cause.DEBUG_OP, None) if isinstance(ix, TpuTensor) else jnp.asarray(ix.numpy())
         lo, hi = int(jnp.min(v)), int(jnp.max(v))
         if lo < 0 or hi >= n:
             _raise_like_cpu(func, args, kwargs, f"index {hi if hi >= n else lo} is out of bounds for size {n}")
@@ -113,7 +114,7 @@ def _check_targets(func, args, kwargs) -> None:
     if not isinstance(target, TpuTensor) or target.numel() == 0:
         return
     n_classes = x.shape[1] if x.dim() >= 2 else x.shape[0]
-    v = engine.concrete(target, "debug_op", None)
+    v = pending.concrete(target, Cause.DEBUG_OP, None)
     counted = v != ignore
     if bool(((v < 0) & counted).any()) or bool(((v >= n_classes) & counted).any()):
         _raise_like_cpu(func, args, kwargs, "target out of bounds")
@@ -125,7 +126,7 @@ def _check_probabilities(func, args, kwargs) -> None:
     x = args[0]
     if not isinstance(x, TpuTensor) or x.numel() == 0:
         return
-    v = engine.concrete(x, "debug_op", None)
+    v = pending.concrete(x, Cause.DEBUG_OP, None)
     if bool(((v < 0) | (v > 1)).any()):
         _raise_like_cpu(func, args, kwargs, "all elements of input should be between 0 and 1", RuntimeError)
 
@@ -135,7 +136,7 @@ def _check_weights(func, args, kwargs) -> None:
     w = args[0]
     if not isinstance(w, TpuTensor) or w.numel() == 0:
         return
-    v = engine.concrete(w, "debug_op", None).astype(jnp.float32)
+    v = pending.concrete(w, Cause.DEBUG_OP, None).astype(jnp.float32)
     if not bool(jnp.isfinite(v).all()) or bool((v < 0).any()) or bool((v.sum(-1) <= 0).any()):
         _raise_like_cpu(func, args, kwargs, "invalid multinomial distribution", RuntimeError)
 
@@ -157,7 +158,7 @@ def _check_integer_divisor(func, args, kwargs) -> None:
             return  # a floating result: no error on CPU either
     d = args[1]
     if isinstance(d, TpuTensor):
-        zero = d.numel() > 0 and bool((engine.concrete(d, "debug_op", None) == 0).any())
+        zero = d.numel() > 0 and bool((pending.concrete(d, Cause.DEBUG_OP, None) == 0).any())
     elif isinstance(d, torch.Tensor):
         zero = bool((d == 0).any())
     else:
@@ -172,7 +173,7 @@ def _check_offsets(func, args, kwargs) -> None:
     idx, offsets = args[1], args[2]
     if not isinstance(offsets, TpuTensor) or offsets.numel() == 0:
         return
-    v = engine.concrete(offsets, "debug_op", None)
+    v = pending.concrete(offsets, Cause.DEBUG_OP, None)
     if int(v[0]) != 0 or bool((v[1:] < v[:-1]).any()) or int(v[-1]) > idx.numel():
         _raise_like_cpu(func, args, kwargs, "invalid embedding_bag offsets", RuntimeError)
 
@@ -186,7 +187,7 @@ def _one_hot(self, num_classes=-1):
     if num_classes == -1:
         num_classes = int(self.max().item()) + 1  # a sync, on every device
     if enabled():
-        v = engine.concrete(self, "debug_op", None)
+        v = pending.concrete(self, Cause.DEBUG_OP, None)
         if int(v.min()) < 0 or int(v.max()) >= num_classes:
             _raise_like_cpu(aten.one_hot.default, (self, num_classes), {}, "one_hot: class out of range", RuntimeError)
     return (self.unsqueeze(-1) == torch.arange(num_classes, device=self.device)).to(torch.int64)

@@ -11,7 +11,8 @@ TORCH_TPU_ENABLE_DEBUG_CHECKS=1, are their opt-in).
 """
 from __future__ import annotations
 
-from .. import engine, sources
+from ..causes import Cause
+from .. import pending, sources
 from ..config import CONFIG
 from . import data_checks, nonfinite
 from .base import EagerMode, Executor
@@ -30,10 +31,10 @@ class DebugExecutor(Executor):
     def after_op(self, func, out) -> None:
         args, kwargs, inputs = self._call
         self._call = ((), {}, None)
-        if not engine.STREAM.graph.nodes:
+        if not pending.PENDING.graph.nodes:
             return
-        where = engine.STREAM.where or sources.user_frame(2)
-        done = engine.flush("debug_op", where)
-        engine.block(done)
+        where = pending.PENDING.where or sources.user_frame(2)
+        done = pending.flush(Cause.DEBUG_OP, where)
+        pending.block(done)
         if inputs is not None:
             nonfinite.check(func, args, kwargs, out, done, inputs, where)

@@ -1,7 +1,7 @@
 """DeferAndFuse: record everything; flush at sync points, at loop-period boundaries, or at the cap.
 
 Sync points (host reads, data-dependent shapes, explicit syncs, leaving the `with` block) call
-`engine.flush` themselves with their cause. This executor adds the two flushes that bound the
+`pending.flush` themselves with their cause. This executor adds the two flushes that bound the
 pending graph in code that never syncs:
 
 - the repeated-op heuristic: when the recent op stream repeats, cut at period boundaries so
@@ -17,12 +17,13 @@ pending graph in code that never syncs:
 """
 from __future__ import annotations
 
-from .. import engine, sources
+from ..causes import Cause
+from .. import pending, sources
 from ..config import CONFIG
 from . import data_checks
 from .base import EagerMode, Executor
 
-_STREAM = engine.STREAM
+_PENDING = pending.PENDING
 
 
 class DeferredExecutor(Executor):
@@ -38,7 +39,7 @@ class DeferredExecutor(Executor):
         The detector sees one hash per top-level op that recorded anything, so cuts always fall
         between user-visible ops, never inside one.
         """
-        stream = _STREAM
+        stream = _PENDING
         nodes = stream.graph.nodes
         n = len(nodes)
         added = n - stream.pushed
@@ -61,10 +62,10 @@ class DeferredExecutor(Executor):
                 longest and (per if longest == p else period.nodes_in(longest)) >= block
                 and period.nodes_in(period.longest_span) >= min(n, c.step_min_ops)
             ):
-                engine.flush("repeated_op_heuristic", stream.where)
+                pending.flush(Cause.REPEATED_OP, stream.where)
                 return
         if n >= CONFIG.max_pending:
-            engine.flush("size_cap", stream.where)
+            pending.flush(Cause.SIZE_CAP, stream.where)
 
     def on_exit(self) -> None:
-        engine.flush("mode_exit", sources.user_frame(3))
+        pending.flush(Cause.MODE_EXIT, sources.user_frame(3))

@@ -19,7 +19,8 @@ import warnings
 import jax.numpy as jnp
 import torch
 
-from .. import engine, sources
+from ..causes import Cause
+from .. import pending, sources
 from ..config import CONFIG
 from ..tensor import TpuTensor, jax_to_host
 
@@ -36,7 +37,7 @@ def finite_inputs(func, args, kwargs) -> dict | None:
             if isinstance(x, float) and not math.isfinite(x):
                 return None
             if isinstance(x, TpuTensor):
-                v = engine.concrete(x, "debug_op", None)
+                v = pending.concrete(x, Cause.DEBUG_OP, None)
                 values[id(x)] = v
                 if (x.dtype.is_floating_point or x.dtype.is_complex) and not bool(jnp.isfinite(v).all()):
                     return None
@@ -86,7 +87,7 @@ def _reported_in_info(func, out) -> bool:
     if "info" not in names or not isinstance(out, (tuple, list)):
         return False
     info = out[names.index("info")]
-    return isinstance(info, TpuTensor) and bool((engine.concrete(info, "debug_op", None) != 0).any())
+    return isinstance(info, TpuTensor) and bool((pending.concrete(info, Cause.DEBUG_OP, None) != 0).any())
 
 
 def _cpu_agrees(func, args, kwargs, out, inputs: dict) -> bool | None:
@@ -113,7 +114,7 @@ def _cpu_agrees(func, args, kwargs, out, inputs: dict) -> bool | None:
     for got, ref in zip(ours, theirs):
         if not isinstance(got, TpuTensor) or not (got.dtype.is_floating_point or got.dtype.is_complex):
             continue
-        bad = ~torch.isfinite(jax_to_host(engine.concrete(got, "debug_op", None), got.dtype))
+        bad = ~torch.isfinite(jax_to_host(pending.concrete(got, Cause.DEBUG_OP, None), got.dtype))
         if bad.shape != ref.shape:
             return None
         if bad.any() and torch.isfinite(ref.detach()[bad]).any():

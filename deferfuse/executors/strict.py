@@ -5,7 +5,8 @@ host only blocks at a sync point (`.item()`, `.cpu()`, print).
 """
 from __future__ import annotations
 
-from .. import engine
+from ..causes import Cause
+from .. import pending
 from ..config import CONFIG
 from . import data_checks
 from .base import EagerMode, Executor
@@ -20,5 +21,5 @@ class StrictExecutor(Executor):
         data_checks.check(func, args, kwargs)
 
     def after_op(self, func, out) -> None:
-        if engine.STREAM.graph.nodes:
-            engine.flush("strict_op", engine.STREAM.where)
+        if pending.PENDING.graph.nodes:
+            pending.flush(Cause.STRICT_OP, pending.PENDING.where)

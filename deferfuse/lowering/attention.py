@@ -10,7 +10,9 @@ The math is PyTorch's math path: softmax(q kᵀ · scale + mask) v, with `is_cau
 lower-triangular mask aligned top-left, boolean masks as -inf, float masks added (and
 differentiated when they require grad), `enable_gqa` repeating each key/value head for its group
 of query heads, and PyTorch's safe softmax: a fully masked row gives zeros. Calls with dropout go to PyTorch's own decomposition (their mask
-must be shared between forward and backward), as do nested or non-"tpu" calls.
+must be shared between forward and backward), as do nested or non-"tpu" calls. The autograd
+side, the claim of `aten::scaled_dot_product_attention` and the CPU kernel of `deferfuse::sdpa`
+are in `claims/attention.py`.
 """
 from __future__ import annotations
 
@@ -21,15 +23,13 @@ import jax.numpy as jnp
 import torch
 
 from ..dtypes import compute_dtype
-from ..tensor import TpuTensor
-from .linear import distinct
 from .registry import bound, lowering
 
-_lib = torch.library.Library("deferfuse", "DEF")
-_lib.define(
+LIBRARY = torch.library.Library("deferfuse", "DEF")  # deferfuse::sdpa and its backward
+LIBRARY.define(
     "sdpa(Tensor q, Tensor k, Tensor v, Tensor? mask, bool causal, float? scale, bool gqa) -> Tensor"
 )
-_lib.define(
+LIBRARY.define(
     "sdpa_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor? mask, bool causal, float? scale, bool gqa,"
     " bool mask_grad) -> (Tensor, Tensor, Tensor, Tensor)"
 )
@@ -60,14 +60,6 @@ def _sdpa_backward_fake(grad, q, k, v, mask, causal, scale, gqa, mask_grad):
     gmask = mask.new_empty(mask.shape) if mask_grad else q.new_empty((0,))
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), gmask
 
-
-def _sdpa_cpu(q, k, v, mask, causal, scale, gqa):
-    """The op on CPU is PyTorch's own attention, so a call the fake kernel refuses raises CPU's
-    error at the user's line (meta.cpu_error_instead runs it)."""
-    return _composite(q, k, v, mask, 0.0, causal, scale=scale, enable_gqa=gqa)
-
-
-_lib.impl("sdpa", _sdpa_cpu, "CPU")
 
 
 def _attend(q, k, v, mask, causal, scale, gqa):
@@ -112,52 +104,6 @@ def sdpa_backward(grad, q, k, v, mask, causal, scale, gqa, mask_grad):
     # the scores, summed over the dims it was broadcast along, which the VJP of the addition does
     _, vjp = jax.vjp(lambda a, b, c, m: _attend(a, b, c, m, causal, scale, gqa), q, k, v, mask)
     return vjp(grad.astype(q.dtype))
-
-
-class _Attention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, mask, causal, scale, gqa):
-        ctx.save_for_backward(q, k, v, mask)
-        ctx.args = (causal, scale, gqa)
-        return SDPA(q, k, v, mask, causal, scale, gqa)
-
-    @staticmethod
-    def backward(ctx, grad):
-        q, k, v, mask = ctx.saved_tensors
-        need = ctx.needs_input_grad[:4]
-        causal, scale, gqa = ctx.args
-        if torch.is_grad_enabled():  # create_graph=True: PyTorch's expansion, differentiable again
-            q, k, v, mask = distinct(q, k, v, mask)
-            inputs = [t for t, n in zip((q, k, v, mask), need) if n]
-            out = _composite.decompose(q, k, v, mask, 0.0, causal, scale=scale, enable_gqa=gqa)
-            grads = iter(torch.autograd.grad(out, inputs, grad, create_graph=True, allow_unused=True))
-            return (*(next(grads) if n else None for n in need), None, None, None)
-        dq, dk, dv, dmask = SDPA_BACKWARD(grad, q, k, v, mask, causal, scale, gqa, need[3])
-        return dq, dk, dv, dmask if need[3] else None, None, None, None
-
-
-# Function.apply's C++ half (see `_apply_linear` in linear.py)
-_apply_attention = torch._C._FunctionBase.__dict__["apply"].__get__(None, _Attention)
-_impl = torch.library.Library("aten", "IMPL")
-_composite = torch.ops.aten.scaled_dot_product_attention.default
-
-
-def _sdpa_autograd(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    # dropout needs one mask shared by forward and backward; functorch transforms (torch.func.grad,
-    # vmap) need a new-style Function, which costs an inspect.signature bind per call
-    if dropout_p and dropout_p > 0.0 or torch._C._are_functorch_transforms_active():
-        return _composite.decompose(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
-    mask = attn_mask
-    if mask is not None and mask.dtype == torch.uint8:
-        mask = mask.bool()
-    args = (q, k, v, mask, bool(is_causal), scale, bool(enable_gqa))
-    tpu = TpuTensor
-    if type(q) is tpu and type(k) is tpu and type(v) is tpu and (mask is None or type(mask) is tpu):
-        return _apply_attention(*args)  # plain tensors: nothing for Function.apply to unwrap
-    return _Attention.apply(*args)
-
-
-_impl.impl("scaled_dot_product_attention", _sdpa_autograd, "AutogradPrivateUse1")
 
 
 # --- the inference fast paths of nn.MultiheadAttention and nn.TransformerEncoderLayer ------------

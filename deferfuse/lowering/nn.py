@@ -118,7 +118,7 @@ def batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum,
 
 def _eval_with_running_stats(args, kwargs):
     """Training updates the running statistics in place, which PyTorch's decomposition does
-    (dispatch.route_lowered takes it for calls outside `supports`)."""
+    (routes/lowered.py takes it for calls outside `supports`)."""
     a = bound(aten.native_batch_norm.default, args, kwargs)
     return not a["training"] and a["running_mean"] is not None and a["running_var"] is not None
 

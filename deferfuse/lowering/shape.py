@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
+from .. import views
 from ..dtypes import to_jax_dtype
 from .registry import aten, lowering
 
@@ -97,13 +98,11 @@ def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
 
 @lowering(aten.as_strided_scatter.default, family="misc")
 def as_strided_scatter(x, src, size, stride, storage_offset=None):
-    from .. import views
-
     plan = views.plan_view((x.size,), tuple(size), tuple(stride), storage_offset or 0)
     return views.write(x.reshape(-1), plan, storage_offset or 0, src).reshape(x.shape)
 
 
-# --- dtype-reinterpreting views (computed as copies; see dispatch._copying_view) ------------------
+# --- dtype-reinterpreting views (computed as copies; see dispatch.copying_view) ------------------
 
 
 @lowering(aten.view_as_real.default, family="misc")

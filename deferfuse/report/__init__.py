@@ -19,7 +19,8 @@ from typing import Any, Callable
 
 from .. import api, cache, events
 from ..config import CONFIG
-from . import collect
+from ..modes import get_default_mode
+from . import collect, text
 
 __all__ = ["report", "explain", "start", "format_text", "write_html", "write_json"]
 
@@ -50,8 +51,6 @@ def report() -> dict[str, Any]:
     If events are not being collected, the dict says so in `note` (and `collecting` is False) but
     still carries every counter: ops, flushes by cause, cache hits and misses, times, fallbacks.
     """
-    from ..modes import get_default_mode
-
     on = events.collecting()
     evs = events.events() if on else []
     wall = None if _STARTED[0] is None or not on else time.perf_counter() - _STARTED[0]
@@ -67,8 +66,6 @@ def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]
     are the difference across the call; the DAG drawn is the largest fn compiled (a call whose
     programs are all cached compiles nothing, so it has no DAG and no compile details).
     """
-    from ..modes import get_default_mode
-
     was_on = events.collecting()
     if not was_on:
         events.start_collecting()
@@ -90,14 +87,12 @@ def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]
 
 def format_text(rep: dict[str, Any], top: int = 5, color: bool = False) -> str:
     """The terminal form of a report dict (about one screen with top=5)."""
-    from . import text
-
     return text.render(rep, top=top, color=color)
 
 
 def write_html(rep: dict[str, Any], path: str, top: int = 5) -> None:
     """Write the one-file HTML form of a report dict (no network: inline SVG and CSS only)."""
-    from . import html
+    from . import html  # noqa: PLC0415  (the HTML form's code loads only when asked for)
 
     with open(path, "w", encoding="utf-8") as f:
         f.write(html.render(rep, top=top))

@@ -21,6 +21,11 @@ import time
 import traceback
 from typing import Any
 
+import deferfuse
+
+from .. import cache, events
+from . import collect, format_text, write_html, write_json
+
 MODES = ("defer_and_fuse", "strict", "debug")
 # Options that take a value: the first argument that is neither one of these nor an option is
 # the script, and everything after it belongs to the script.
@@ -83,10 +88,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_script(script: str, args: list[str], mode: str) -> tuple[dict[str, Any], int]:
     """Run `script` here as `python script args` would, collecting events; (report, exit code)."""
-    import deferfuse
-    from deferfuse import cache, events
-    from deferfuse.report import collect
-
     previous_mode = deferfuse.get_default_mode()
     deferfuse.set_default_mode(mode)
     if events.collecting():
@@ -138,8 +139,6 @@ def _exit_code(code: Any) -> int:
 
 
 def _emit(rep: dict[str, Any], opts: argparse.Namespace) -> None:
-    from deferfuse.report import format_text, write_html, write_json
-
     if opts.json:
         write_json(rep, opts.json)
     if opts.html:

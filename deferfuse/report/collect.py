@@ -1,4 +1,4 @@
-"""Build the report dict from the engine's events and counters.
+"""Build the report dict from deferfuse's events and counters.
 
 Everything here is a pure function of plain data (the event list from `deferfuse.events` and the
 dict of `deferfuse.metrics()`), so the report can be tested without running a model, and the
@@ -11,15 +11,13 @@ Lists in the dict are complete up to LIST_CAP entries (the count of what was lef
 """
 from __future__ import annotations
 
-import linecache
-import os
-from collections import Counter, defaultdict
-from typing import Any, Iterable
+from collections import Counter
+from typing import Any
 
-from .. import sources
+from .labels import (Locator, bucket, bucket_label, capped, key_str, op_counts, rate, short_op, source_text,
+                     split_events, why_text)
 
 SCHEMA_VERSION = 1
-LIST_CAP = 100
 # The first compiles at a flush site are warm-up: the first step, and the first step that sees
 # state created by the first (optimizer moments, a cached mask). Compiles beyond that are the
 # ones to explain.
@@ -38,165 +36,6 @@ _NOT_COLLECTING = (
 )
 
 
-# --- locations ---------------------------------------------------------------------------------
-
-
-class _Locator:
-    """Formats recorded locations once each: a run has millions of events but few distinct lines."""
-
-    def __init__(self) -> None:
-        self._memo: dict[Any, dict[str, Any]] = {}
-
-    def __call__(self, where: Any) -> dict[str, Any]:
-        if isinstance(where, str):
-            return _loc_from_string(where)
-        try:
-            hit = self._memo.get(where)
-        except TypeError:  # an unhashable location: format it without memoising
-            return _loc(where)
-        if hit is None:
-            hit = self._memo[where] = _loc(where)
-        return hit
-
-
-def _loc(where: Any) -> dict[str, Any]:
-    if where is None:
-        return {"where": "<unknown>", "file": None, "line": None, "function": None}
-    filename, line, function = sources.parts(where)
-    return {
-        "where": f"{filename}:{line}" if line else filename,
-        "file": filename,
-        "line": line or None,
-        "function": function or None,
-    }
-
-
-def _loc_from_string(s: str) -> dict[str, Any]:
-    head, sep, tail = s.rpartition(":")
-    if sep and tail.isdigit():
-        return {"where": s, "file": head, "line": int(tail), "function": None}
-    return {"where": s, "file": s, "line": None, "function": None}
-
-
-def source_text(file: str | None, line: int | None) -> str | None:
-    """The stripped source line, for the terminal and HTML (None when the file is not readable)."""
-    if not file or not line:
-        return None
-    text = linecache.getline(file, line).strip()
-    return text or None
-
-
-def short_path(path: str | None) -> str:
-    """A path relative to the working directory when it lies under it (what a user typed)."""
-    if not path:
-        return "<unknown>"
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:
-        return path
-    return path if rel.startswith("..") else rel
-
-
-def short_op(name: str) -> str:
-    """'aten.addmm.default' -> 'addmm', 'aten.add.Tensor' -> 'add.Tensor' (labels stay short)."""
-    if name.startswith("aten."):
-        name = name[5:]
-    if name.endswith(".default"):
-        name = name[: -len(".default")]
-    return name
-
-
-def key_str(key: Any) -> str | None:
-    """A cache key hash as 16 hex digits: JSON-safe (JavaScript loses 64-bit integers)."""
-    if key is None:
-        return None
-    if isinstance(key, str):
-        return key
-    return format(int(key) & 0xFFFFFFFFFFFFFFFF, "016x")
-
-
-# --- recompiles ----------------------------------------------------------------------------------
-
-
-def why_text(why: dict | None, recompile: bool = True) -> str:
-    """One line saying what changed in the cache key against the last program compiled here."""
-    if why is None:
-        return "first compile at this site" if not recompile else "changed (not explained: collection started late)"
-    what = why.get("what")
-    b, n = why.get("before"), why.get("now")
-    if what == "input":
-        return f"input #{why.get('input')} changed shape/dtype: {b} -> {n}"
-    if what == "inputs":
-        return f"number of inputs changed: {b} -> {n}"
-    if what == "op_args":
-        return f"arguments of {short_op(str(why.get('op')))} at {why.get('where')} changed: ({b}) -> ({n})"
-    if what == "structure":
-        return f"different op at node {why.get('node')} ({why.get('where')}): {short_op(str(b))} -> {short_op(str(n))}"
-    if what == "length":
-        return f"number of recorded nodes changed: {b} -> {n}"
-    if what == "outputs":
-        return f"number of outputs changed: {b} -> {n}"
-    if what == "donation":
-        return ("same graph, but a different set of inputs was free to donate to outputs (some value "
-                "was held elsewhere this time, or released): compiled a variant that reuses their buffers")
-    return "cache key changed (no single difference found)"
-
-
-# --- building blocks -------------------------------------------------------------------------------
-
-
-def _capped(items: list, cap: int = LIST_CAP) -> tuple[list, int]:
-    return items[:cap], max(0, len(items) - cap)
-
-
-def _rate(a: float, b: float) -> float | None:
-    return a / b if b else None
-
-
-def _op_counts(names: Iterable[str]) -> list[dict[str, Any]]:
-    c = Counter(short_op(n) for n in names)
-    return [{"op": op, "count": k} for op, k in sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))]
-
-
-def _bucket(n: int) -> tuple[int, int | None]:
-    """Power-of-two histogram bucket [lo, hi] holding n (hi None for the last, open bucket)."""
-    lo = 1
-    while lo * 2 <= n:
-        lo *= 2
-    if lo >= 1024:
-        return 1024, None
-    return lo, lo * 2 - 1
-
-
-def _bucket_label(lo: int, hi: int | None) -> str:
-    if hi is None:
-        return f"{lo}+"
-    return str(lo) if lo == hi else f"{lo}-{hi}"
-
-
-def _split_events(events: list[dict]) -> dict[str, list[dict]]:
-    """Events by kind, each compile/fallback tagged with the index of the flush it belongs to.
-
-    The cache emits a flush's compile event just before the flush event itself, and a fallback
-    is noted while recording the ops of the next flush, so "the number of flushes seen so far"
-    is the index of the flush each belongs to.
-    """
-    out: dict[str, list[dict]] = defaultdict(list)
-    n_flush = 0
-    for e in events:
-        kind = e.get("kind")
-        if kind == "flush":
-            e = dict(e, index=n_flush)
-            n_flush += 1
-        elif kind in ("compile", "fallback"):
-            e = dict(e, flush_index=n_flush)
-        out[kind].append(e)
-    return out
-
-
-# --- sections ----------------------------------------------------------------------------------------
-
-
 def _summary(m: dict, n_recompiles: int | None) -> dict[str, Any]:
     hits, misses = m.get("cache_hits", 0), m.get("cache_misses", 0)
     return {
@@ -205,11 +44,11 @@ def _summary(m: dict, n_recompiles: int | None) -> dict[str, Any]:
         "programs_compiled": misses,
         "cache_hits": hits,
         "cache_misses": misses,
-        "cache_hit_rate": _rate(hits, hits + misses),
+        "cache_hit_rate": rate(hits, hits + misses),
         "persistent_cache_hits": m.get("persistent_cache_hits", 0),
         "persistent_cache_misses": m.get("persistent_cache_misses", 0),
         "programs_executed": m.get("execute_calls", 0),
-        "fusion_ratio": _rate(m.get("ops_recorded", 0), m.get("execute_calls", 0)),
+        "fusion_ratio": rate(m.get("ops_recorded", 0), m.get("execute_calls", 0)),
         "cpu_fallbacks": m.get("cpu_fallbacks_total", sum(m.get("cpu_fallbacks", {}).values())),
         "recompiles": n_recompiles,
         "pending_nodes": m.get("pending_nodes", 0),
@@ -243,7 +82,7 @@ def _time(m: dict, wall: float | None) -> dict[str, Any]:
 ENGINE_CUTS = frozenset({"repeated_op_heuristic", "size_cap"})
 
 
-def _flushes(flushes: list[dict], m: dict, loc: _Locator, syncs: list[dict] = ()) -> dict[str, Any]:
+def _flushes(flushes: list[dict], m: dict, loc: Locator, syncs: list[dict] = ()) -> dict[str, Any]:
     by_cause_counts = Counter(m.get("flushes_by_cause", {}))
     if not by_cause_counts and flushes:
         by_cause_counts = Counter(f["cause"] for f in flushes)
@@ -266,7 +105,7 @@ def _flushes(flushes: list[dict], m: dict, loc: _Locator, syncs: list[dict] = ()
     rows = sorted(sites.values(), key=lambda s: (-s["count"], s["where"]))
     for s in rows:
         s["causes"] = dict(sorted(s["causes"].items(), key=lambda kv: (-kv[1], kv[0])))
-    rows, omitted = _capped(rows)
+    rows, omitted = capped(rows)
     total = sum(by_cause_counts.values())
     # counted but never seen as events: flushes before collection started (deferfuse.report()
     # called late) or taken by a path that emits no event
@@ -275,7 +114,7 @@ def _flushes(flushes: list[dict], m: dict, loc: _Locator, syncs: list[dict] = ()
             "unattributed": unattributed, "main_sync_point": _main_sync_point(syncs, loc)}
 
 
-def _main_sync_point(syncs: list[dict], loc: "_Locator") -> dict[str, Any] | None:
+def _main_sync_point(syncs: list[dict], loc: "Locator") -> dict[str, Any] | None:
     """The line where the host reads values back most often (.item(), .cpu(), print, ...). A read
     is a sync point even when it flushes nothing because an engine cut already ran the program
     that computed the value; engine cuts themselves never make the host wait."""
@@ -293,7 +132,7 @@ def _main_sync_point(syncs: list[dict], loc: "_Locator") -> dict[str, Any] | Non
             "wait_seconds": top["seconds"]}
 
 
-def _recompiles(compiles: list[dict], flushes: list[dict], loc: _Locator) -> dict[str, Any]:
+def _recompiles(compiles: list[dict], flushes: list[dict], loc: Locator) -> dict[str, Any]:
     per_site: Counter = Counter()
     items = []
     after_warm_up = 0
@@ -340,8 +179,8 @@ def _recompiles(compiles: list[dict], flushes: list[dict], loc: _Locator) -> dic
             "them) so every step reuses one program"
         )
     groups = sorted(by_site.values(), key=lambda g: (-g["count"], g["where"]))
-    items, omitted = _capped(items)
-    groups, _ = _capped(groups)
+    items, omitted = capped(items)
+    groups, _ = capped(groups)
     return {
         "count": sum(g["count"] for g in by_site.values()),
         "after_warm_up": after_warm_up,
@@ -357,7 +196,7 @@ def _recompiles(compiles: list[dict], flushes: list[dict], loc: _Locator) -> dic
     }
 
 
-def _fusion(compiles: list[dict], flushes: list[dict], m: dict, loc: _Locator) -> dict[str, Any]:
+def _fusion(compiles: list[dict], flushes: list[dict], m: dict, loc: Locator) -> dict[str, Any]:
     runs_by_key = Counter(f.get("key") for f in flushes)
     compiled_hist: Counter = Counter()
     run_hist: Counter = Counter()
@@ -371,14 +210,14 @@ def _fusion(compiles: list[dict], flushes: list[dict], m: dict, loc: _Locator) -
         for i, size in enumerate(sizes):
             if i < len(hosts) and hosts[i]:
                 continue  # a host step (CPU fallback) is not a program
-            b = _bucket(size)
+            b = bucket(size)
             compiled_hist[b] += 1
             run_hist[b] += runs
             if i < len(reasons):
                 breaks[reasons[i]] += 1
         plans[c.get("key")] = c
     hist = [
-        {"ops": _bucket_label(lo, hi), "lo": lo, "hi": hi, "programs_compiled": compiled_hist[(lo, hi)],
+        {"ops": bucket_label(lo, hi), "lo": lo, "hi": hi, "programs_compiled": compiled_hist[(lo, hi)],
          "program_runs": run_hist[(lo, hi)]}
         for lo, hi in sorted(set(compiled_hist) | set(run_hist))
     ]
@@ -389,12 +228,12 @@ def _fusion(compiles: list[dict], flushes: list[dict], m: dict, loc: _Locator) -
         largest.append(dict(
             lo, key=key_str(c.get("key")), ops=c.get("ops", 0), programs=_n_programs(c),
             program_sizes=c.get("program_sizes") or [], cause=c.get("cause"),
-            runs=runs_by_key.get(c.get("key"), 0), op_counts=_op_counts(names), op_names=names,
+            runs=runs_by_key.get(c.get("key"), 0), op_counts=op_counts(names), op_names=names,
         ))
-    largest, omitted = _capped(largest, 20)
+    largest, omitted = capped(largest, 20)
     return {
         "programs_executed": m.get("execute_calls", 0),
-        "fusion_ratio": _rate(m.get("ops_recorded", 0), m.get("execute_calls", 0)),
+        "fusion_ratio": rate(m.get("ops_recorded", 0), m.get("execute_calls", 0)),
         "ops_per_program": hist,
         "largest_programs": largest,
         "largest_programs_omitted": omitted,
@@ -414,7 +253,7 @@ def _n_programs(c: dict) -> int:
     return sum(1 for h in hosts if not h)
 
 
-def _fallbacks(fallbacks: list[dict], m: dict, loc: _Locator) -> dict[str, Any]:
+def _fallbacks(fallbacks: list[dict], m: dict, loc: Locator) -> dict[str, Any]:
     counts = Counter(m.get("cpu_fallbacks", {}))
     if not counts:
         counts = Counter(f["op"] for f in fallbacks)
@@ -428,7 +267,7 @@ def _fallbacks(fallbacks: list[dict], m: dict, loc: _Locator) -> dict[str, Any]:
                                                      code=source_text(lo["file"], lo["line"]))
         s["count"] += 1
     rows = sorted(sites.values(), key=lambda s: (-s["count"], s["op"], s["where"]))
-    rows, omitted = _capped(rows)
+    rows, omitted = capped(rows)
     return {"total": sum(counts.values()), "by_op": by_op, "by_source": rows, "by_source_omitted": omitted}
 
 
@@ -440,14 +279,14 @@ def _memory(m: dict) -> dict[str, Any]:
         "bytes_skipped": skb,
         "outputs_materialized": mat,
         "bytes_materialized": matb,
-        "skipped_fraction": _rate(sk, sk + mat),
-        "bytes_skipped_fraction": _rate(skb, skb + matb),
+        "skipped_fraction": rate(sk, sk + mat),
+        "bytes_skipped_fraction": rate(skb, skb + matb),
         "buffers_donated": m.get("buffers_donated", 0),
         "bytes_donated": m.get("bytes_donated", 0),
     }
 
 
-def _programs(compiles: list[dict], flushes: list[dict], loc: _Locator) -> list[dict[str, Any]]:
+def _programs(compiles: list[dict], flushes: list[dict], loc: Locator) -> list[dict[str, Any]]:
     per: dict[Any, dict[str, Any]] = {}
     for f in flushes:
         p = per.get(f.get("key"))
@@ -473,9 +312,9 @@ def _programs(compiles: list[dict], flushes: list[dict], loc: _Locator) -> list[
             lo, key=key_str(p["key"]), total_seconds=p["seconds"], compile_seconds=p["compile_seconds"],
             run_seconds=max(0.0, p["seconds"] - p["compile_seconds"]), flushes=p["flushes"], hits=p["hits"],
             compiles=p["compiles"], ops=p["ops"], cause=p["cause"],
-            op_counts=_op_counts(names) if names is not None else None, op_names=names,
+            op_counts=op_counts(names) if names is not None else None, op_names=names,
         ))
-    return _capped(rows, 50)[0]
+    return capped(rows, 50)[0]
 
 
 def _timeline(flushes: list[dict], t0: float | None) -> list[dict[str, Any]]:
@@ -498,7 +337,7 @@ def _timeline(flushes: list[dict], t0: float | None) -> list[dict[str, Any]]:
     return out
 
 
-def _dag(dags: list[dict], compiles: list[dict], loc: _Locator) -> dict[str, Any] | None:
+def _dag(dags: list[dict], compiles: list[dict], loc: Locator) -> dict[str, Any] | None:
     if not dags:
         return None
     d = max(dags, key=lambda d: len(d.get("nodes", ())))
@@ -535,8 +374,8 @@ def build(
     memory) is still filled in.
     """
     events = list(events or ())
-    loc = _Locator()
-    by_kind = _split_events(events)
+    loc = Locator()
+    by_kind = split_events(events)
     flushes, compiles = by_kind["flush"], by_kind["compile"]
     rec = _recompiles(compiles, flushes, loc) if collecting else None
     t0 = events[0].get("t") if events else None

@@ -19,7 +19,7 @@ import json
 from collections import defaultdict
 from typing import Any
 
-from .collect import short_path
+from .labels import short_path
 from .text import compare_rows, human_bytes, pct, secs
 
 _NODE_W, _NODE_H, _GAP_X, _GAP_Y = 120, 22, 14, 34

@@ -1,4 +1,4 @@
-"""The stream: record ops into the pending graph, and flush it through the compile cache.
+"""The pending graph: ops are recorded into it, and a flush runs it through the compile cache.
 
 All three modes go through here. Strict and Debug flush after every top-level op, DeferAndFuse at
 sync points; so a Strict op and a one-op DeferAndFuse group are the same cache entry.
@@ -12,18 +12,19 @@ import jax
 import jax.numpy as jnp
 
 from . import cache, events, interrupts, sources, views
+from .causes import NEW_GRAPH, ONE_OP
 from .config import CONFIG
 from .dtypes import to_jax_dtype
 from .events import METRICS
 from .graph import OUT_BITS, Graph, Op, PeriodDetector
-from .tensor import LAYOUTS, Storage, TpuTensor, layout_for, new_tensor
+from .tensor import LAYOUTS, Storage, TpuTensor
 
 
 class FlushError(RuntimeError):
     """A flush failed; names the ops and the user's source lines involved."""
 
 
-class _Stream:
+class Pending:
     def __init__(self):
         self.graph = Graph()
         self.period = PeriodDetector(CONFIG.period_lookback)
@@ -33,15 +34,15 @@ class _Stream:
         self.captured = None  # the last captured flush (see capture.py)
 
 
-STREAM = _Stream()
-interrupts.when_busy(lambda: STREAM.flushing)
+PENDING = Pending()
+interrupts.when_busy(lambda: PENDING.flushing)
 _SOURCE_LINES = CONFIG.source_lines
 _user_frame = sources.user_frame
 
 
 def where():
     """The user's location for a recorded node: that of the top-level op being recorded."""
-    return STREAM.where
+    return PENDING.where
 
 
 # --- internal ops: view reads/writes and uninitialised memory ------------------------------
@@ -131,7 +132,7 @@ def tensor_ref(g: Graph, t: TpuTensor) -> int:
 
 def record(op: Op, tensors, scalars) -> tuple[Graph, int]:
     """Append one node reading `tensors`; returns (graph, base ref of its outputs)."""
-    g = STREAM.graph
+    g = PENDING.graph
     refs = []
     for t in tensors:  # tensor_ref, its two common cases inline: a whole tensor pending here, or
         st = t._st  # one whose concrete value is already an input (a weight read again)
@@ -139,12 +140,12 @@ def record(op: Op, tensors, scalars) -> tuple[Graph, int]:
             if st.graph is g:
                 refs.append(st.ref)
                 continue
-            pos = g._input_pos.get(id(st.value))
+            pos = g.input_pos.get(id(st.value))
             if pos is not None and g.sources is None:
                 refs.append(-(pos + 1))
                 continue
         refs.append(tensor_ref(g, t))
-    base = g.add(op, tuple(refs), scalars, STREAM.where)
+    base = g.add(op, tuple(refs), scalars, PENDING.where)
     METRICS.ops_recorded += 1
     return g, base
 
@@ -169,7 +170,7 @@ def write_concrete(t: TpuTensor, array) -> None:
     if t._lay is None:
         t._st.set_value(array)  # whole replacement: whatever was pending for it is now dead
         return
-    g = STREAM.graph
+    g = PENDING.graph
     write(t, g.input_ref(array, tuple(array.shape), t.dtype), g)
 
 
@@ -177,13 +178,7 @@ def write_concrete(t: TpuTensor, array) -> None:
 
 
 def pending_count() -> int:
-    return len(STREAM.graph.nodes)
-
-
-# Flushes after which the op stream starts afresh. A host read (`.item()` every N steps) is part
-# of a loop's period, not a break in it: the heuristic keeps cutting in the same places, so the
-# read flushes the same tail every time.
-_NEW_STREAM = frozenset(("mode_exit", "mode_change", "capture"))
+    return len(PENDING.graph.nodes)
 
 
 def flush(cause: str, where=None) -> list:
@@ -192,22 +187,25 @@ def flush(cause: str, where=None) -> list:
     Nothing an exception does here may leave a storage without its value: one that lands before
     the programs have consumed any input (an interrupt during a compile) leaves the work pending
     as it was; one that lands after them still puts their values in place (see `_interrupted`)."""
-    g = STREAM.graph
-    if cause in _NEW_STREAM:
-        STREAM.period.reset()
+    g = PENDING.graph
+    # After these the op stream starts afresh. A host read (`.item()` every N steps) is part of a
+    # loop's period, not a break in it: the heuristic keeps cutting in the same places, so the
+    # read flushes the same tail every time.
+    if cause in NEW_GRAPH:
+        PENDING.period.reset()
     if not g.nodes:
         return []
-    if STREAM.flushing:
+    if PENDING.flushing:
         raise RuntimeError("deferfuse internal error: re-entrant flush")
-    STREAM.flushing = True  # first: Ctrl-C is held from here on (interrupts.py)
-    pushed = STREAM.pushed
+    PENDING.flushing = True  # first: Ctrl-C is held from here on (interrupts.py)
+    pushed = PENDING.pushed
     live: list = []
     refs: dict[int, int] = {}
     results = None
     try:
         interrupts.ensure_installed()
-        STREAM.graph = Graph()
-        STREAM.pushed = 0
+        PENDING.graph = Graph()
+        PENDING.pushed = 0
         t0 = time.perf_counter()
         for w in g.storages:
             s = w()
@@ -218,18 +216,16 @@ def flush(cause: str, where=None) -> list:
                 if r not in refs:
                     refs[r] = len(refs)
         out_refs = tuple(refs)
-        g.live, g.live_refs = live, refs
         try:
-            results, plan, hit = cache.execute(g, out_refs, cause, where)
+            results, plan, hit = cache.execute(g, out_refs, cause, where, live, refs)
         except Exception as exc:  # noqa: BLE001 - re-raised with context below
             _recover(g, live, exc, cause, where)
             raise AssertionError("unreachable")
         for s in live:
             s.value = results[refs[s.ref]]
-        g.live = []
         track_inflight(results)
         if g.sources is not None:
-            STREAM.captured = (g, out_refs, [(s, refs[s.ref]) for s in live], plan)
+            PENDING.captured = (g, out_refs, [(s, refs[s.ref]) for s in live], plan)
         n = len(g.nodes)
         m = METRICS
         m.flushes[cause] += 1
@@ -254,12 +250,11 @@ def flush(cause: str, where=None) -> list:
         if results is not None:  # the programs ran: their values go in place
             for s in live:
                 s.value = results[refs[s.ref]]
-            g.live = []
         else:
             _interrupted(g, pushed, exc, cause, where)
         raise
     finally:
-        STREAM.flushing = False
+        PENDING.flushing = False
     interrupts.deliver()
     return live
 
@@ -270,14 +265,13 @@ def _interrupted(g: Graph, pushed: int, exc: BaseException, cause: str, where) -
     was consumed and the work goes back to pending, as if the flush had not started. A program
     that donated an input has run, and its values are lost with the exception: the storages that
     were to receive them raise it, named, when read, rather than read as uninitialised memory."""
-    g.live = []
     waiting = [s for s in (w() for w in g.storages) if s is not None and (
         s.graph is g or s.graph is None and s.value is None and s.error is None)]
     consumed = any(isinstance(a, jax.Array) and a.is_deleted() for a in g.inputs)
-    if not consumed and not STREAM.graph.nodes:
+    if not consumed and not PENDING.graph.nodes:
         for s in waiting:
             s.graph = g
-        STREAM.graph, STREAM.pushed = g, pushed
+        PENDING.graph, PENDING.pushed = g, pushed
         return
     error = FlushError(f"deferfuse: the flush ({cause} at {sources.fmt(where)}) was interrupted by "
                        f"{type(exc).__name__} after its programs had consumed their inputs: this value was lost")
@@ -317,7 +311,7 @@ def _recover(g: Graph, live: list, exc: Exception, cause: str, where) -> None:
     # Strict and Debug flush one op at a time: a tensor the failed op was writing keeps the value
     # it had, as on CPU. In a longer DeferAndFuse graph that value is unknown (earlier writes may
     # have succeeded), so the tensor carries the error instead.
-    one_op = cause in cache.ONE_OP_CAUSES
+    one_op = cause in ONE_OP
     for s in live:
         v = values.get(s.ref)
         if v is None and one_op and id(s) in g.prior:
@@ -391,13 +385,13 @@ def concrete(t: TpuTensor, cause: str, where=None):
     if t._lay is None:
         if st.value is None:
             if st.graph is None:
-                value_ref(STREAM.graph, st)
+                value_ref(PENDING.graph, st)
             flush(cause, where)
         if st.error is not None:
             raise st.error
         return st.value
     # a view: read it into a temporary storage that the flush materialises
-    g = STREAM.graph
+    g = PENDING.graph
     size, _, dtype = LAYOUTS[t._lid]
     tmp = Storage(None, size, dtype)
     tmp.set_pending(g, tensor_ref(g, t))
@@ -406,6 +400,3 @@ def concrete(t: TpuTensor, cause: str, where=None):
         raise tmp.error
     return tmp.value
 
-
-def wrap_output(st: Storage, size, stride, dtype, lid) -> TpuTensor:
-    return new_tensor(st, size, stride, dtype, lid, layout_for(st, size, stride, 0))

@@ -3,13 +3,16 @@
 `linalg_matrix_rank`'s out= kernel computes through dispatched ops and then stores into `out`
 with a call that never reaches a Python-visible key, so on "tpu" `out` kept its old contents.
 For each overload here deferfuse runs the functional overload (which decomposes normally) and
-writes the result with PyTorch's out= rules (`special.assign_out`: resize with CPU's
+writes the result with PyTorch's out= rules (`transfers.assign_out`: resize with CPU's
 deprecation warning, then a casting copy). Registered at AutogradPrivateUse1 because the composite kernel would
 otherwise run there, before any backend key is reached.
 """
 from __future__ import annotations
 
 import torch
+
+from ..tensor import TpuTensor
+from ..transfers import assign_out
 
 aten = torch.ops.aten
 
@@ -26,9 +29,6 @@ _OUT_TO_FUNCTIONAL = {
 
 def _writer(functional):
     def impl(*args, out, **kwargs):
-        from ..special import assign_out
-        from ..tensor import TpuTensor
-
         result = functional(*args, **kwargs)
         if not (isinstance(out, TpuTensor) and isinstance(result, TpuTensor)):
             raise RuntimeError(

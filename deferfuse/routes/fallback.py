@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import warnings
 
-import jax
-import numpy as np
 import torch
 
-from .. import engine, events, sources
+from .. import events, pending, sources
 from ..config import CONFIG
-from ..dtypes import numpy_to_torch, to_jax_dtype, to_torch_dtype, torch_to_numpy
 from ..events import METRICS
-from ..meta import fill
+from ..meta import signature
+from ..record import RECIPES, emit, make_recipe, spec_of
+from ..tensor import TpuTensor, from_concrete, host_to_jax
+from ..transfers import resize, to_cpu
 
 _warned: set[str] = set()
 
@@ -61,9 +61,6 @@ def _walk(func, args, kwargs):
     """The call's signature walk, which also raises PyTorch's error for a CPU tensor (other than
     a 0-dim one) beside tpu tensors, as a lowered op does: run on the host, the call would take
     it (`searchsorted(sorted_tpu, values_cpu)`). None where the walk cannot key the call."""
-    from ..dispatch import spec_of
-    from ..meta import signature
-
     try:
         return signature(spec_of(func), args, kwargs)
     except TypeError:
@@ -80,45 +77,24 @@ def _sparse(func, x: torch.Tensor):
 
 
 def _try_record(func, args, kwargs, key, tensors, scalars):
-    from ..dispatch import _RECIPES, _make_recipe, emit, spec_of
-
     spec = spec_of(func)
     hkey = ("host", key)
-    r = _RECIPES.get(hkey)
+    r = RECIPES.get(hkey)
     if r is None:
         try:
-            r = _make_recipe(func, spec, key, args, kwargs, low=None, host=True)
+            r = make_recipe(func, spec, key, args, kwargs, low=None, host=True)
         except Exception:  # noqa: BLE001
             # no meta kernel, a data-dependent shape, a meta kernel with a bug, or bad input:
             # running the CPU kernel now gives the result, or CPU's own error for bad input
             return NotImplemented
-        _RECIPES[hkey] = r
+        RECIPES[hkey] = r
     return emit(r, tensors, scalars)
-
-
-def _to_cpu(obj, cause="cpu_fallback"):
-    from ..tensor import TpuTensor
-
-    if isinstance(obj, TpuTensor):
-        from ..special import to_host
-
-        # a clone: host copies are NumPy-backed, and CPU kernels may resize their out= arguments
-        return to_host(obj, cause).clone()
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_cpu(x, cause) for x in obj)
-    if isinstance(obj, torch.device) and obj.type == "tpu":
-        return torch.device("cpu")
-    if isinstance(obj, str) and obj.startswith("tpu"):
-        return "cpu"
-    return obj
 
 
 def run_now(func, args, kwargs):
     """Flush, copy inputs to the host, run on CPU, copy results (and mutated inputs) back."""
-    from ..tensor import TpuTensor, from_concrete, host_to_jax
-
-    cargs = _to_cpu(args)
-    ckwargs = {k: _to_cpu(v) for k, v in kwargs.items()}
+    cargs = to_cpu(args)
+    ckwargs = {k: to_cpu(v) for k, v in kwargs.items()}
     with torch.utils._python_dispatch._disable_current_modes():
         out = func(*cargs, **ckwargs)
     schema = func._schema
@@ -132,10 +108,8 @@ def run_now(func, args, kwargs):
                         new if isinstance(new, (list, tuple)) else [new]):
             if isinstance(o, TpuTensor):
                 if tuple(o.shape) != tuple(n.shape):
-                    from ..special import resize
-
                     resize(o, tuple(n.shape))
-                engine.write_concrete(o, host_to_jax(n))
+                pending.write_concrete(o, host_to_jax(n))
                 written[id(n)] = o
 
     def back(x):
@@ -152,29 +126,5 @@ def run_now(func, args, kwargs):
     return back(out)
 
 
-def host_fn(func, tmpl, outs):
-    """The trace-free body of a recorded host node: jax arrays in, jax arrays out."""
-    from . import _flatten, finalize
-
-    name = str(func)
-
-    def fn(ins, scs):
-        tins = [numpy_to_torch(np.asarray(x), to_torch_dtype(x.dtype)) for x in ins]
-        tscs = [
-            numpy_to_torch(np.asarray(s), to_torch_dtype(np.asarray(s).dtype)).reshape(())
-            if isinstance(s, (np.ndarray, np.generic, jax.Array))
-            else s
-            for s in scs
-        ]
-        args = _to_cpu(fill(tmpl[0], tins, tscs))
-        kwargs = {k: _to_cpu(v) for k, v in fill(tmpl[1], tins, tscs).items()}
-        with torch.utils._python_dispatch._disable_current_modes():
-            res = func(*args, **kwargs)
-        flat = _flatten(res)  # None (an output CPU leaves undefined) is not a leaf
-        arrays = [jax.device_put(np.array(torch_to_numpy(r), copy=True)) for r in flat]
-        return finalize(name, arrays, outs)
-
-    return fn
-
-
-__all__ = ["run", "run_now", "host_fn", "to_jax_dtype"]
+def route_fallback(func, args, kwargs):
+    return run(func, args, kwargs)

@@ -24,23 +24,38 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import engine, program, rng
-from .events import METRICS
-from .graph import OUT_BITS, Op, node_of, out_of
-from .meta import flatten_outputs, signature
-from .tensor import TpuTensor
+import torch
+from torch._decomp import core_aten_decompositions, decomposition_table
+
+from .. import dtypes, pending, program, rng
+from ..events import METRICS
+from ..graph import OUT_BITS, Op, node_of, out_of
+from ..meta import flatten_outputs, signature
+from ..record import OutInfo, Recipe, emit, spec_of
+from ..tensor import TpuTensor
+from . import fallback
+
+aten = torch.ops.aten
+
+# PyTorch's Core ATen decompositions, plus its other ATen-level ones. Reference implementations
+# from torch._refs outside the core set are left out: they lower to prims, some of which come back
+# to the very op being decomposed.
+DECOMPOSITIONS = dict(core_aten_decompositions())
+for _op, _fn in decomposition_table.items():
+    if getattr(_fn, "__module__", "") == "torch._decomp.decompositions":
+        DECOMPOSITIONS.setdefault(_op, _fn)
+_DECOMPOSING: set = set()
 
 # signature -> Recipe of the composite op, or None: this signature always expands
 _KEPT: dict = {}
+dtypes.on_default_dtype_change(_KEPT.clear)
 _MISSING = object()
 
 
 def run(func, args: tuple, kwargs: dict, expand: Callable):
     """Serve a decomposed call: replay its kept composite if any, else expand (and maybe keep)."""
-    from . import dispatch
-
     try:
-        key, tensors, scalars = signature(func._df.spec or dispatch.spec_of(func), args, kwargs)
+        key, tensors, scalars = signature(func._df.spec or spec_of(func), args, kwargs)
     except Exception:  # noqa: BLE001 - arguments the signature walk does not model: just expand
         return expand()
     r = _KEPT.get(key, _MISSING)
@@ -48,7 +63,7 @@ def run(func, args: tuple, kwargs: dict, expand: Callable):
         return expand()
     if r is not _MISSING:
         METRICS.decompositions_replayed[r.op.name] += 1
-        return dispatch.emit(r, tensors, scalars)
+        return emit(r, tensors, scalars)
     if scalars or not tensors:
         _KEPT[key] = None
         return expand()
@@ -58,8 +73,8 @@ def run(func, args: tuple, kwargs: dict, expand: Callable):
 
 
 def _learn(name: str, key, tensors, expand: Callable):
-    g = engine.STREAM.graph
-    in_refs = [engine.tensor_ref(g, t) for t in tensors]
+    g = pending.PENDING.graph
+    in_refs = [pending.tensor_ref(g, t) for t in tensors]
     n0 = len(g.nodes)
     inputs_before = [(t._st, t._st.value, t._st.graph, t._st.ref) for t in tensors]
     rng_before = rng._counter
@@ -67,7 +82,7 @@ def _learn(name: str, key, tensors, expand: Callable):
     out = expand()
     kept = None
     if (
-        engine.STREAM.graph is g
+        pending.PENDING.graph is g
         and len(in_refs) == len(set(in_refs))
         and rng._counter == rng_before
         and sum(METRICS.cpu_fallbacks.values()) == fallbacks_before
@@ -80,8 +95,6 @@ def _learn(name: str, key, tensors, expand: Callable):
 
 def _composite(name: str, key, g, n0: int, in_refs: list, out):
     """The Recipe of one node that computes what g.nodes[n0:] computed, or None."""
-    from . import dispatch
-
     n1 = len(g.nodes)
     if n1 <= n0:
         return None
@@ -105,7 +118,7 @@ def _composite(name: str, key, g, n0: int, in_refs: list, out):
             return None
         seen.add(id(st))
         out_refs.append(st.ref)
-        outs.append((tuple(t.shape), tuple(t.stride()), t.dtype, t._lid, st.shape, None))
+        outs.append(OutInfo(tuple(t.shape), tuple(t.stride()), t.dtype, t._lid, st.shape, None))
     spec_out = _plain(spec_out)
     nodes = g.nodes
     scalar_ids = [i for n in nodes[n0:n1] for i in range(n.scalar_lo, n.scalar_lo + n.op.n_scalars)]
@@ -120,7 +133,7 @@ def _composite(name: str, key, g, n0: int, in_refs: list, out):
         return Op(("expanded", key), name, fn, out_avals, 0, family="expanded")
 
     op = Op.intern(("expanded", key), make)
-    return dispatch.Recipe(op, outs, spec_out, False)
+    return Recipe(op, outs, spec_out, False)
 
 
 def _plain(spec):
@@ -130,3 +143,31 @@ def _plain(spec):
         return spec
     typ, parts = spec
     return (tuple if issubclass(typ, tuple) else typ, [(lo, n, _plain(s)) for lo, n, s in parts])
+
+
+def _expand(func, args, kwargs, how):
+    """Run a decomposition/composite kernel (or replay its kept expansion, `run`); if it comes
+    back to `func` itself, fall back."""
+    def now():
+        if func in _DECOMPOSING:
+            return fallback.run(func, args, kwargs, reason="its decomposition re-enters it")
+        _DECOMPOSING.add(func)
+        try:
+            return how(*args, **kwargs)
+        finally:
+            _DECOMPOSING.discard(func)
+
+    return run(func, args, kwargs, now)
+
+
+def route_decomposed(func, args, kwargs):
+    return _expand(func, args, kwargs, DECOMPOSITIONS[func])
+
+
+def route_composite(func, args, kwargs):
+    return _expand(func, args, kwargs, func.decompose)
+
+
+def route_explicit(func, args, kwargs):
+    return _expand(func, args, kwargs,
+                   lambda *a, **k: func._op_dk(torch._C.DispatchKey.CompositeExplicitAutograd, *a, **k))

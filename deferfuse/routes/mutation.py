@@ -10,67 +10,17 @@ from __future__ import annotations
 
 import torch
 
-from . import engine, rng, special
-from .lowering import LOWERINGS
-from .meta import cpu_error_instead, needs_cpu_probe, run_cpu_probe, run_meta, signature
-from .tensor import TpuTensor
+from .. import dtypes, pending, rng
+from ..lowering import LOWERINGS
+from ..meta import cpu_error_instead, needs_cpu_probe, run_cpu_probe, run_meta, signature
+from ..record import RECIPES, spec_of
+from ..tensor import TpuTensor, redispatch
+from ..transfers import assign, assign_out, check_no_partial_overlap
+from ..variants import InPlace
+from .lowered import route_lowered
 
 aten = torch.ops.aten
-_record = engine.record
-
-
-def functional_variant(func):
-    """add_.Tensor -> add.Tensor; add.out -> add.Tensor (matching non-out arguments)."""
-    schema = func._schema
-    packet = func._overloadpacket
-    name = packet.__name__
-    mutable = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
-    if not mutable:
-        return None
-    if schema.arguments[0].alias_info is not None and schema.arguments[0].alias_info.is_write and name.endswith("_"):
-        want = [(a.name, str(a.type)) for a in schema.arguments]
-        # the functional op returns one value per written argument, in order (a fused
-        # optimizer writes params, grads and its state lists)
-        writes = tuple(i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write)
-        for base_name in (name[:-1], name[:-1] + "_functional"):
-            try:
-                base = getattr(aten, base_name)
-                overloads = base.overloads()
-            except (AttributeError, RuntimeError):
-                continue
-            cand = getattr(base, func._overloadname, None) if func._overloadname in overloads or \
-                func._overloadname == "default" and "default" in overloads else None
-            if cand is not None and not cand._schema.is_mutable and \
-                    [(a.name, str(a.type)) for a in cand._schema.arguments] == want:
-                return ("inplace", cand, _defaults_to_fill(schema, cand._schema), writes, _is_foreach_inplace(func))
-            for ov in overloads:
-                c = getattr(base, ov)
-                if not c._schema.is_mutable and [(a.name, str(a.type)) for a in c._schema.arguments] == want:
-                    return ("inplace", c, _defaults_to_fill(schema, c._schema), writes, _is_foreach_inplace(func))
-        return None
-    outs = [a for a in mutable if a.kwarg_only]
-    if len(outs) != len(mutable):
-        return None
-    want = [(a.name, str(a.type)) for a in schema.arguments if a not in outs]
-    for ov in packet.overloads():
-        c = getattr(packet, ov)
-        if c._schema.is_mutable:
-            continue
-        have = [(a.name, str(a.type)) for a in c._schema.arguments]
-        if have == want:
-            return ("out", c, [a.name for a in outs], False)
-        # factories: the functional form also takes dtype/layout/device/pin_memory
-        extra = [h for h in have if h not in want]
-        if [h for h in have if h in want] == want and extra and all(n in _FACTORY_KWARGS for n, _ in extra):
-            return ("out", c, [a.name for a in outs], True)
-    return None
-
-
-def _defaults_to_fill(inplace, functional) -> tuple:
-    """Positional defaults the in-place schema has and the functional one lacks (bernoulli_.float
-    has p=0.5, bernoulli.p requires p): they are passed explicitly when the caller omitted them."""
-    return tuple((i, a.name, a.default_value) for i, (a, b) in enumerate(zip(inplace.arguments, functional.arguments))
-                 if not a.kwarg_only and a.has_default_value() and not b.has_default_value())
+_record = pending.record
 
 
 def _fill_defaults(fill, args, kwargs):
@@ -81,22 +31,20 @@ def _fill_defaults(fill, args, kwargs):
     return args, kwargs
 
 
-_FUNCTIONAL: dict = {}  # mutating overload -> how it maps to its functional op
 _CHECKED: set = set()  # signatures whose meta kernel has run
-_FACTORY_KWARGS = {"dtype", "layout", "device", "pin_memory", "memory_format"}
 
 
 def route_mutating(func, args, kwargs):
-    kind = _FUNCTIONAL[func]
-    spec = func._df.spec or _dispatch().spec_of(func)
+    kind = func._df.variant
+    spec = func._df.spec or spec_of(func)
     key, tensors, scalars = signature(spec, args, kwargs)
-    if kind[0] == "inplace":
-        writes = kind[3]
+    if type(kind) is InPlace:
+        writes = kind.writes
         several = len(writes) > 1
         target = _written(func, writes, args, kwargs) if several else args[0]
         if not several and type(target) is TpuTensor:
-            special.check_no_partial_overlap(target, tensors)
-        if kind[4]:
+            check_no_partial_overlap(target, tensors)
+        if kind.foreach:
             _bump_versions(target)
         r = _INPLACE.get(key)
         if r is not None and _replaceable(r, target):
@@ -105,47 +53,47 @@ def route_mutating(func, args, kwargs):
                 return args[0] if func._schema.returns else None
             return None if type(target) is list or type(target) is tuple else target
         _check_meta(func, key, args, kwargs)
-        fill = kind[2]
+        fill = kind.fill
         if fill:
             args, kwargs = _fill_defaults(fill, args, kwargs)
-        result = _dispatch().dispatch(kind[1], args, kwargs)
+        result = redispatch(kind.functional, args, kwargs)
         if isinstance(target, (list, tuple)):
             if several:
                 result = _flat(result)
             for t, res in zip(target, result):
                 _check_inplace_shape(t, res)
-                special.assign(t, res)
+                assign(t, res)
             if not fill:
-                _learn_inplace(kind[1], key, args, kwargs, tensors, scalars, target)
+                _learn_inplace(kind.functional, key, args, kwargs, tensors, scalars, target)
             return args[0] if several and func._schema.returns else None
         _check_inplace_shape(target, result)
         if type(target) is not TpuTensor:  # a CPU 0-dim tensor written from a tpu one
             raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
                                f"{target.device} and tpu:0! (while calling {func})")
-        special.assign(target, result)
+        assign(target, result)
         if not fill:
-            _learn_inplace(kind[1], key, args, kwargs, tensors, scalars, target)
+            _learn_inplace(kind.functional, key, args, kwargs, tensors, scalars, target)
         return target
     _check_meta(func, key, args, kwargs)
-    _, functional, out_names, factory = kind
+    functional, out_names, factory = kind
     fkwargs = {k: v for k, v in kwargs.items() if k not in out_names}
     if factory:
         fkwargs["dtype"] = kwargs[out_names[0]].dtype
         fkwargs["device"] = kwargs[out_names[0]].device
-    result = _dispatch().dispatch(functional, args, fkwargs)
+    result = redispatch(functional, args, fkwargs)
     outs = [kwargs[n] for n in out_names]
     for o in outs:
         if type(o) is TpuTensor:
-            special.check_no_partial_overlap(o, tensors)
+            check_no_partial_overlap(o, tensors)
     results = [result] if len(outs) == 1 else list(result)
     for o, r in zip(outs, results):
         if isinstance(o, (list, tuple)):  # a Tensor[] out (split_with_sizes_copy, unbind_copy)
             if len(o) != len(r):
                 raise RuntimeError(f"{func}: expected {len(r)} out tensors, got {len(o)}")
             for oo, rr in zip(o, r):
-                special.assign_out(oo, rr)
+                assign_out(oo, rr)
         else:
-            special.assign_out(o, r)
+            assign_out(o, r)
     if not func._schema.returns:
         return None
     return outs[0] if len(outs) == 1 else tuple(outs)
@@ -155,11 +103,6 @@ def route_mutating(func, args, kwargs):
 # modified, as a single tensor's in-place op is marked above the backend, so that backward
 # through a graph that saved a parameter the step has since changed raises instead of silently
 # using the new value. (CPU's fused optimizer kernels and AMP's unscale do not.)
-def _is_foreach_inplace(func) -> bool:
-    name = func.__name__.split(".")[0]
-    return name.startswith("_foreach_") and name.endswith("_")
-
-
 _bump_versions = torch.autograd.graph.increment_version
 
 
@@ -199,7 +142,8 @@ def _check_meta(func, key, args, kwargs) -> None:
         pass  # no meta kernel: the functional op's own checks still run
     except Exception as err:  # noqa: BLE001 - CPU's error for the call, as route_lowered raises it
         cpu_error_instead(func, args, kwargs, err)
-    if func in _FUNCTIONAL and needs_cpu_probe(func, LOWERINGS.get(_FUNCTIONAL[func][1]), args, kwargs):
+    kind = func._df.variant
+    if kind is not None and needs_cpu_probe(func, LOWERINGS.get(kind.functional), args, kwargs):
         run_cpu_probe(func, args, kwargs)
     _CHECKED.add(key)
 
@@ -208,22 +152,22 @@ def _check_meta(func, key, args, kwargs) -> None:
 # `_foreach_mul_`, `p.add_(...)` on a parameter) skip the result tensors and the copy: the
 # functional node's outputs become the targets' pending values directly. Keyed by the in-place
 # signature; an entry exists only once the general path has run (and checked) that signature.
-_INPLACE: dict = {}  # in-place signature -> the functional op's dispatch.Recipe
+_INPLACE: dict = {}  # in-place signature -> the functional op's record.Recipe
+dtypes.on_default_dtype_change(_INPLACE.clear)
 
 
 def _learn_inplace(functional, key, args, kwargs, tensors, scalars, target) -> None:
-    d = _dispatch()
     route = functional._df.route
-    if key in _INPLACE or (route is not d.route_lowered and getattr(route, "inner", None) is not d.route_lowered):
+    if key in _INPLACE or (route is not route_lowered and getattr(route, "inner", None) is not route_lowered):
         return
-    fkey, ftensors, fscalars = signature(functional._df.spec or d.spec_of(functional), args, kwargs)
-    r = d._RECIPES.get(fkey)
+    fkey, ftensors, fscalars = signature(functional._df.spec or spec_of(functional), args, kwargs)
+    r = RECIPES.get(fkey)
     if r is None or r.spec_out == "t" and type(target) in (list, tuple):
         return
     targets = target if type(target) in (list, tuple) else (target,)
     if len(r.outs) != len(targets) or fscalars != scalars or any(a is not b for a, b in zip(ftensors, tensors)):
         return
-    for t, (size, stride, dtype, lid, phys, lay) in zip(targets, r.outs):
+    for t, (size, stride, dtype, lid, phys, lay, _) in zip(targets, r.outs):
         if not isinstance(t, TpuTensor) or lay is not None or lid != t._lid or 0 in stride:
             return
     if _replaceable(r, target):
@@ -236,11 +180,11 @@ def _replaceable(r, target) -> bool:
     if type(target) is list or type(target) is tuple:
         for t, o in zip(target, r.outs):
             st = t._st
-            if t._lay is not None or st.copy_of is not None or st.shape != o[4]:
+            if t._lay is not None or st.copy_of is not None or st.shape != o.phys:
                 return False
         return True
     st = target._st
-    return target._lay is None and st.copy_of is None and st.shape == r.outs[0][4]
+    return target._lay is None and st.copy_of is None and st.shape == r.outs[0].phys
 
 
 def _emit_into(r, tensors, scalars, target, kwargs) -> None:
@@ -252,10 +196,3 @@ def _emit_into(r, tensors, scalars, target, kwargs) -> None:
             t._st.set_pending(g, base | k)
     else:
         target._st.set_pending(g, base)
-
-
-def _dispatch():
-    """The dispatcher module, which imports this one: the general path re-enters it."""
-    from . import dispatch
-
-    return dispatch

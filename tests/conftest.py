@@ -5,8 +5,14 @@ import contextlib
 import os
 import sys
 
-import pytest
-import torch
+# The suite runs with the persistent compile cache off (tests of the cache give it a folder of
+# their own): twice, a worker died in XLA's deserialize_executable reading an entry another
+# worker had written, a crash no single entry reproduces alone (docs/limits.md). Set before
+# `import torch`, whose autoload imports deferfuse and reads the environment.
+os.environ.setdefault("DEFERFUSE_CACHE_DIR", "")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 import deferfuse
 

@@ -21,6 +21,7 @@ from .pending import FlushError  # noqa: E402
 from .executors.base import EagerMode  # noqa: E402
 from .jax_op import jax_op  # noqa: E402
 from .modes import DeferfuseMode, get_default_mode, mode, run_backward_here, set_default_mode  # noqa: E402
+from .precision import precision  # noqa: E402  (the name `precision` is the function, as for `check`)
 from .report import explain, report  # noqa: E402  (the name `report` is the function; the package stays importable)
 from .tensor import TpuTensor  # noqa: E402
 
@@ -45,5 +46,6 @@ __all__ = [
     "explain",
     "check",
     "jax_op",
+    "precision",
 ]
 __version__ = "0.1.0"

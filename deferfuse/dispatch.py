@@ -35,7 +35,7 @@ from .record import CALL, ROUTER, FuncInfo, info_of
 from .routes import copies, data_dependent, memory, wrappers
 from .routes.expansion import DECOMPOSITIONS, route_composite, route_decomposed, route_explicit
 from .routes.fallback import route_fallback
-from .routes.lowered import route_lowered
+from .routes.lowered import route_contracting, route_lowered
 from .routes.mutation import route_mutating
 from .routes.views import (copying_view, route_alias, route_as_strided, route_inplace_view, route_unsafe_view,
                            route_view)
@@ -169,7 +169,7 @@ def classify(info: FuncInfo, func) -> None:
     name = func.__name__.split(".")[0]
     if (name.endswith("_like") or name.startswith("new_")) and any(a.name == "device" for a in func._schema.arguments):
         route = wrappers.other_device(route)
-    if (route is route_lowered or route is route_mutating) and lanes.splittable(func):
+    if (route is route_lowered or route is route_contracting or route is route_mutating) and lanes.splittable(func):
         route = lanes.split_route(func, route, _CALL)
     info.route = route
 
@@ -186,7 +186,7 @@ def _plain_route(func) -> Callable:
         returns = func._schema.returns
         if returns and all(r.alias_info is not None and not r.alias_info.is_write for r in returns):
             return copying_view  # a view deferfuse cannot alias (dtype reinterpretation)
-        return route_lowered
+        return route_contracting if LOWERINGS[func].precision else route_lowered
     if func is aten.as_strided.default:
         return route_as_strided
     schema = func._schema

@@ -23,13 +23,17 @@ class Op:
 
     `fn(inputs, scalars) -> list[jax.Array]` runs at trace time only. `out_avals` are the
     (physical shape, jax dtype) of each output. `host=True` ops run on CPU between programs.
+    `precision`: the float32 matmul precision a contraction was traced at (precision.py), which
+    its interned key holds; None for an op that contracts nothing.
     """
 
-    __slots__ = ("id", "name", "fn", "out_avals", "n_scalars", "host", "family", "key", "shape_hash", "__weakref__")
+    __slots__ = ("id", "name", "fn", "out_avals", "n_scalars", "host", "family", "key", "shape_hash", "precision",
+                 "__weakref__")
     _interned: dict[Any, "Op"] = {}
 
-    def __init__(self, key, name, fn, out_avals, n_scalars, host=False, family="other"):
+    def __init__(self, key, name, fn, out_avals, n_scalars, host=False, family="other", precision=None):
         self.key = key
+        self.precision = precision
         self.name = name
         self.fn = fn
         self.out_avals = out_avals

@@ -23,6 +23,7 @@ from .dispatch import dispatch
 from .executors.base import EagerMode
 from .lowering import LOWERINGS
 from .modes import get_default_mode, mode, set_default_mode
+from .precision import precision
 from .routes import out_kernels  # noqa: F401  (registers its out= kernels at import)
 from .target import NAME, check_ordinal as _check_ordinal, device_index, jax_device
 
@@ -128,6 +129,7 @@ def _make_module() -> types.ModuleType:
     # TorchTPU's mode API: torch.tpu.eager_mode (a property, above), set_eager_mode (a block)
     mod.EagerMode = EagerMode
     mod.set_eager_mode = mode
+    mod.precision = precision  # TorchTPU's scoped float32 matmul precision
     mod.device = device
     mod.set_device = set_device
     # checkpoint() saves and restores a device's RNG state only once its backend says it is

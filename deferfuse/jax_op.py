@@ -53,8 +53,9 @@ def jax_op(name: str, *, outputs: int = 1, vjp: Callable | None = None) -> Calla
         lib.impl(op_name + "_backward", _no_cpu_kernel(name + "_backward"), "CPU")
         torch.library.register_fake(name, _fake(fn), lib=lib)
         torch.library.register_fake(name + "_backward", _fake(backward), lib=lib)
-        lowering(op, family="misc")(_lowered(fn, len(tensors)))
-        lowering(backward_op, family="misc")(_lowered(backward, len(tensors) + outputs))
+        # its dots follow torch's float32 matmul precision, as every tpu contraction does
+        lowering(op, family="misc", precision=True)(_lowered(fn, len(tensors)))
+        lowering(backward_op, family="misc", precision=True)(_lowered(backward, len(tensors) + outputs))
         torch.library.register_autograd(name, _backward(backward_op, len(tensors)), lib=lib,
                                         setup_context=_save_inputs(len(tensors)))
         return op

@@ -14,6 +14,7 @@ from .dtypes import numpy_to_torch, to_jax_dtype, to_torch_dtype, torch_to_numpy
 from .graph import Op
 from .lowering.registry import LowerCtx, promotion_dtypes
 from .meta import Placeholder, fill
+from .precision import XLA_NAMES
 from .transfers import to_cpu
 
 
@@ -102,7 +103,10 @@ def _broadcastable(a, b) -> bool:
     return all(x in (1, y) for x, y in zip(reversed(a), reversed(b)))
 
 
-def make_lowered_op(func, key, low, tmpl, outs, n_scalars, spec, host=False, meta_inputs=(None, None)) -> Op:
+def make_lowered_op(func, key, low, tmpl, outs, n_scalars, spec, host=False, meta_inputs=(None, None),
+                    precision=None) -> Op:
+    """The Op of one call signature. `precision` (a contraction's, by PyTorch's name): the
+    lowering is traced under jax.default_matmul_precision, so its dots and convolutions carry it."""
     name = str(func)
     out_avals = [(o.phys, to_jax_dtype(o.dtype)) for o in outs]
     use_rng = bool(low is not None and low.rng)
@@ -112,6 +116,7 @@ def make_lowered_op(func, key, low, tmpl, outs, n_scalars, spec, host=False, met
     parts = _participants(spec, tmpl, low) if low.promote else []
     sizes = [o.size for o in outs]
     odtypes = [o.dtype for o in outs]
+    xla_precision = None if precision is None else XLA_NAMES[precision]
 
     def fn(ins, scs):
         ins = list(ins)
@@ -143,13 +148,15 @@ def make_lowered_op(func, key, low, tmpl, outs, n_scalars, spec, host=False, met
             kwargs.pop("generator", None)
             kwargs["key"] = rng.key(scs[-2], scs[-1])
         if low.ctx:
-            ctx = LowerCtx(sizes, odtypes, *meta_inputs)
-            res = low.fn(ctx, *args, **kwargs)
-        else:
+            args = (LowerCtx(sizes, odtypes, *meta_inputs), *args)
+        if xla_precision is None:
             res = low.fn(*args, **kwargs)
+        else:
+            with jax.default_matmul_precision(xla_precision):
+                res = low.fn(*args, **kwargs)
         return finalize(name, res, outs)
 
-    return Op(key, name, fn, out_avals, n_scalars + (2 if use_rng else 0), family=low.family)
+    return Op(key, name, fn, out_avals, n_scalars + (2 if use_rng else 0), family=low.family, precision=precision)
 
 
 def host_fn(func, tmpl, outs):

@@ -20,12 +20,15 @@ from .lowered_op import make_lowered_op
 from .lowering import LOWERINGS
 from .meta import (T, ArgSpec, Placeholder, cpu_error_instead, flatten_outputs, meta_args, needs_cpu_probe,
                    run_cpu_probe, run_meta, template, unflatten_outputs)
+from .precision import XLA_NAMES
 from .tensor import Storage, layout_id, new_tensor, phys_layout
 
 aten = torch.ops.aten
 
 _FUNC_IDS: list = []  # fid -> func
 RECIPES: dict[tuple, "Recipe"] = {}
+# a contraction's recipes, per float32 matmul precision (routes.lowered.route_contracting)
+CONTRACTIONS: dict[str, dict[tuple, "Recipe"]] = {p: {} for p in XLA_NAMES}
 
 
 class Router:
@@ -131,7 +134,7 @@ def _out_info(meta_leaves) -> list[OutInfo]:
     return outs
 
 
-def make_recipe(func, spec, key, args, kwargs, low=None, host=False) -> Recipe:
+def make_recipe(func, spec, key, args, kwargs, low=None, host=False, precision=None) -> Recipe:
     low = low if low is not None else LOWERINGS.get(func)
     if needs_cpu_probe(func, low, args, kwargs):
         run_cpu_probe(func, args, kwargs)
@@ -155,10 +158,13 @@ def make_recipe(func, spec, key, args, kwargs, low=None, host=False) -> Recipe:
     n_scalars = sum(1 for _ in _iter_placeholders(tmpl, (Placeholder.SCALAR, Placeholder.CPU_SCALAR)))
     # the signature key holds each input's layout, so a lowering may read strides off ctx.meta_args
     ctx_metas = metas if low is not None and low.ctx else (None, None)
+    # the default dtype decides the outputs of factories and int-to-float promotions; a
+    # contraction's precision, what its program computes
+    op_key = (("host", key) if host else key, torch.get_default_dtype())
     op = Op.intern(
-        # the default dtype decides the outputs of factories and int-to-float promotions
-        (("host", key) if host else key, torch.get_default_dtype()),
-        lambda: make_lowered_op(func, key, low, tmpl, outs, n_scalars, spec, host=host, meta_inputs=ctx_metas),
+        op_key if precision is None else (*op_key, precision),
+        lambda: make_lowered_op(func, key, low, tmpl, outs, n_scalars, spec, host=host, meta_inputs=ctx_metas,
+                                precision=precision),
     )
     return Recipe(op, outs, spec_out, bool(low is not None and low.rng))
 
@@ -246,6 +252,8 @@ def run_now(r: Recipe, op, tensors, scalars):
 def forget_recipes() -> None:
     """Drop every cached recipe (the default dtype changed what some calls make)."""
     RECIPES.clear()
+    for recipes in CONTRACTIONS.values():
+        recipes.clear()
     for func in _FUNC_IDS:
         func._df.whole = {}
 

@@ -62,6 +62,9 @@ def explain_miss(prev: Key | None, key: Key, g: Graph) -> dict | None:
         if a != b:
             oa, ob = ops.get(a[0]), ops.get(b[0])
             where = g.nodes[i].where if i < len(g.nodes) else None
+            if oa is not None and ob is not None and oa.name == ob.name and oa.precision != ob.precision:
+                return {"what": "precision", "op": ob.name, "node": i, "where": sources.fmt(where),
+                        "before": oa.precision, "now": ob.precision}
             if oa is not None and ob is not None and oa.name == ob.name:
                 return {"what": "op_args", "op": ob.name, "node": i, "where": sources.fmt(where),
                         "before": _key_str(oa.key), "now": _key_str(ob.key)}

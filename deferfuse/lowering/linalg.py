@@ -1,7 +1,8 @@
 """Matrix products.
 
-Precision follows `torch.set_float32_matmul_precision` (part of the cache key; see dispatch):
-"highest" (PyTorch's default) asks XLA for full float32 products. `beta`/`alpha` are static
+The matmul family is traced at the float32 matmul precision of each call (precision.py, which
+dispatch.route_contracting puts in the Op's key): XLA would otherwise leave a dot at DEFAULT,
+one bfloat16 pass on a TPU, whatever PyTorch's setting says. `beta`/`alpha` are static
 because PyTorch skips `self` entirely when beta == 0 (its NaNs must not leak), which needs the
 value at trace time; they are almost always 1.
 """

@@ -19,6 +19,8 @@ decorator, in one statement:
 - `ctx=True`: the function's first argument is a `LowerCtx` (output avals, meta inputs).
 - `meta_fix`: `(args, kwargs, meta_outputs) -> meta_outputs`, for the few ops whose meta kernel
   disagrees with CPU PyTorch (the oracle) about an output dtype or layout.
+- `precision`: the op contracts float32 operands (a dot or a convolution), so it is traced at the
+  float32 matmul precision of its call (precision.py); by default the matmul and conv families.
 - `cpu_checks=False`: CPU's dtype checks do not apply (meta.needs_cpu_probe skips the op), for
   the few ops CUDA takes in dtypes CPU refuses (an integer `histc`): on tpu, what CUDA runs works.
 
@@ -63,6 +65,7 @@ class Lowering:
     runtime: tuple[str, ...] = ()
     meta: Callable | None = None
     cpu_checks: bool = True
+    precision: bool = False
 
 
 LOWERINGS: dict[Any, Lowering] = {}
@@ -88,18 +91,20 @@ def lowering(
     runtime: tuple[str, ...] = (),
     meta: Callable | None = None,
     cpu_checks: bool = True,
+    precision: bool | None = None,
 ):
     if family not in FAMILIES:
         raise ValueError(f"unknown lowering family {family!r}")
     if promote is not None and promote not in PROMOTE:
         raise ValueError(f"unknown promotion kind {promote!r}")
+    contracts = family in ("matmul", "conv") if precision is None else precision
 
     def register(fn):
         for op in ops:
             if op in LOWERINGS:
                 raise RuntimeError(f"deferfuse: {op} has two lowerings ({LOWERINGS[op].fn.__name__}, {fn.__name__})")
             LOWERINGS[op] = Lowering(op, fn, family, promote, promote_args, tuple(static), supports, rng, ctx, meta_fix,
-                                   tuple(runtime), meta, cpu_checks)
+                                   tuple(runtime), meta, cpu_checks, contracts)
         return fn
 
     return register

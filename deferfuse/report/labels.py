@@ -104,6 +104,8 @@ def why_text(why: dict | None, recompile: bool = True) -> str:
         return f"input #{why.get('input')} changed shape/dtype: {b} -> {n}"
     if what == "inputs":
         return f"number of inputs changed: {b} -> {n}"
+    if what == "precision":
+        return f"float32 matmul precision of {short_op(str(why.get('op')))} at {why.get('where')} changed: {b} -> {n}"
     if what == "op_args":
         return f"arguments of {short_op(str(why.get('op')))} at {why.get('where')} changed: ({b}) -> ({n})"
     if what == "structure":

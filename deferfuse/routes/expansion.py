@@ -18,6 +18,8 @@ An expansion is kept only when it provably is such a function:
 - no input's storage was written (a decomposition updating an argument in place);
 - every output is a whole, fresh value made by the expansion, each in its own storage (an output
   that aliases an input or another output must stay a view).
+A kept expansion with contractions inside (_addmm_activation's addmm) holds their float32 matmul
+precision; a call under another setting expands again and keeps that setting's composite instead.
 Anything else is remembered per signature and expanded on every call, as before.
 """
 from __future__ import annotations
@@ -31,6 +33,7 @@ from .. import dtypes, pending, program, rng
 from ..events import METRICS
 from ..graph import OUT_BITS, Op, node_of, out_of
 from ..meta import flatten_outputs, signature
+from ..precision import current as matmul_precision
 from ..record import OutInfo, Recipe, emit, spec_of
 from ..tensor import TpuTensor
 from . import fallback
@@ -61,6 +64,8 @@ def run(func, args: tuple, kwargs: dict, expand: Callable):
     r = _KEPT.get(key, _MISSING)
     if r is None:
         return expand()
+    if r is not _MISSING and r.op.precision is not None and r.op.precision != matmul_precision():
+        r = _MISSING  # its contractions were traced at another precision: expand and keep anew
     if r is not _MISSING:
         METRICS.decompositions_replayed[r.op.name] += 1
         return emit(r, tensors, scalars)
@@ -125,14 +130,16 @@ def _composite(name: str, key, g, n0: int, in_refs: list, out):
     consts = [g.scalars[i] for i in scalar_ids]
     inner = program.build(nodes, range(n0, n1), in_refs, out_refs, scalar_ids)
     out_avals = [nodes[node_of(r)].op.out_avals[out_of(r)] for r in out_refs]
+    # the precision of the contractions inside (all recorded by this one call, so at one setting)
+    precision = next((n.op.precision for n in nodes[n0:n1] if n.op.precision is not None), None)
 
     def make():
         def fn(ins, scs):
             return inner(ins, consts)
 
-        return Op(("expanded", key), name, fn, out_avals, 0, family="expanded")
+        return Op(("expanded", key, precision), name, fn, out_avals, 0, family="expanded", precision=precision)
 
-    op = Op.intern(("expanded", key), make)
+    op = Op.intern(("expanded", key, precision), make)
     return Recipe(op, outs, spec_out, False)
 
 

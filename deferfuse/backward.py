@@ -29,8 +29,8 @@ import sys
 import torch
 
 _PENDING: list = []  # the first error of the running backward
-_ENTRY: list = []  # the code object of PyTorch's Python entry into the engine
-_ACTIVE = [0]  # backward passes running through deferfuse's entry, which raises what is parked
+_ENTRY = None  # the code object of PyTorch's Python entry into the engine
+_ACTIVE = 0  # backward passes running through deferfuse's entry, which raises what is parked
 
 
 class _Stop:
@@ -64,12 +64,12 @@ def into_engine() -> bool:
     """Whether an exception raised by deferfuse's caller would pass straight into the autograd
     engine: the nearest Python frame outside deferfuse is the engine's entry, so no Python code
     stands between the op and the engine's C++ (a backward formula or the engine called it)."""
-    if not _ACTIVE[0]:
+    if not _ACTIVE:
         return False
     f = sys._getframe(1)
     while f is not None and _deferfuse_frame(f):
         f = f.f_back
-    return f is not None and f.f_code is _ENTRY[0]
+    return f is not None and f.f_code is _ENTRY
 
 
 def stop(err: BaseException):
@@ -108,7 +108,7 @@ def guard_hook(hook, failed, tpu_only=False):
         try:
             return hook(*args)
         except BaseException as err:
-            if not _ACTIVE[0] or (tpu_only and not _any_tpu(args)):
+            if not _ACTIVE or (tpu_only and not _any_tpu(args)):
                 raise
             park(err)
             return failed(*args)
@@ -117,12 +117,14 @@ def guard_hook(hook, failed, tpu_only=False):
 
 
 def install() -> None:
+    global _ENTRY
     graph = torch.autograd.graph
     run = graph._engine_run_backward
-    _ENTRY[:] = [run.__code__]
+    _ENTRY = run.__code__
 
     def _engine_run_backward(*args, **kwargs):
-        _ACTIVE[0] += 1
+        global _ACTIVE
+        _ACTIVE += 1
         try:
             result = run(*args, **kwargs)
         except BaseException:
@@ -132,7 +134,7 @@ def install() -> None:
             err.__suppress_context__ = True  # the engine's own error only says how it was stopped
             raise err
         finally:
-            _ACTIVE[0] -= 1
+            _ACTIVE -= 1
         err = _take()  # an op whose result the engine ignores (a void return) parked one
         if err is not None:
             raise err

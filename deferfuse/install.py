@@ -217,16 +217,17 @@ def _load_onto_tpu(storage, location: str):
     """torch.load(..., map_location="tpu"): tpu tensors have no storage of their own to rebuild
     into (PyTorch would crash making one), so the checkpoint's tensors stay on CPU, with a warning.
     load_state_dict (modules and optimizers) copies them onto the tpu parameters as usual."""
+    global _WARNED_LOAD
     if not location.startswith(NAME):
         return None
-    if not _WARNED_LOAD[0]:
-        _WARNED_LOAD[0] = True
+    if not _WARNED_LOAD:
+        _WARNED_LOAD = True
         warnings.warn("deferfuse: torch.load(map_location='tpu') loads the checkpoint's tensors on CPU: move them "
                       "with .to('tpu'), or let model.load_state_dict / optimizer.load_state_dict copy them")
     return storage
 
 
-_WARNED_LOAD = [False]
+_WARNED_LOAD = False
 
 
 

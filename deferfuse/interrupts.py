@@ -23,7 +23,7 @@ import threading
 from typing import Callable
 
 _busy: list[Callable[[], bool]] = []  # each says whether deferfuse's code is running
-_held = [False]  # an interrupt arrived while it was
+_held = False  # an interrupt arrived while it was
 _MAIN = threading.main_thread()
 
 
@@ -33,8 +33,9 @@ def when_busy(check: Callable[[], bool]) -> None:
 
 
 def _handler(signum, frame):
+    global _held
     if any(check() for check in _busy):
-        _held[0] = True
+        _held = True
         return
     raise KeyboardInterrupt
 
@@ -47,10 +48,11 @@ def ensure_installed() -> None:
 
 def deliver() -> None:
     """Raise an interrupt that arrived while deferfuse was busy, once it no longer is."""
-    if _held[0] and not any(check() for check in _busy):
-        _held[0] = False
+    global _held
+    if _held and not any(check() for check in _busy):
+        _held = False
         raise KeyboardInterrupt
 
 
 def held() -> bool:
-    return _held[0]
+    return _held

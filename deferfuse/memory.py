@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import jax
 
-_peak = [0]
+_peak = 0
 
 
 def _stats(device: jax.Device) -> dict | None:
@@ -21,11 +21,12 @@ def _stats(device: jax.Device) -> dict | None:
 
 
 def allocated(device: jax.Device) -> int:
+    global _peak
     stats = _stats(device)
     if stats and "bytes_in_use" in stats:
         return int(stats["bytes_in_use"])
     used = sum(a.nbytes for a in jax.live_arrays() if device in a.devices())
-    _peak[0] = max(_peak[0], used)
+    _peak = max(_peak, used)
     return used
 
 
@@ -33,11 +34,12 @@ def max_allocated(device: jax.Device) -> int:
     stats = _stats(device)
     if stats and "peak_bytes_in_use" in stats:
         return int(stats["peak_bytes_in_use"])
-    return max(_peak[0], allocated(device))
+    return max(_peak, allocated(device))
 
 
 def reset_peak(device: jax.Device) -> None:
-    _peak[0] = 0
+    global _peak
+    _peak = 0
     allocated(device)
 
 

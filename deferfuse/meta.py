@@ -291,26 +291,26 @@ def needs_cpu_probe(func, low, args, kwargs) -> bool:
     elementwise ops, reductions and softmaxes on integer or bool tensors (CPU has no integer
     std or softmax; deferfuse returned integer results), index ops given a floating index,
     random ops (their arguments' ranges) and nll_loss given class targets that are not int64."""
-    if low is None or not low.cpu_checks:
+    if low is None or low.probe is None:
         return False
-    if low.family == "index":
+    if low.probe == "index":
         return _float_index_argument(func, args, kwargs) or (
             func in _SAME_DTYPE_SOURCE and isinstance(args[0], TpuTensor) and len(args) > 3
             and isinstance(args[3], torch.Tensor) and args[3].dtype != args[0].dtype)
-    if low.family == "random":  # their argument checks (from < to, p in [0, 1], std >= 0)
+    if low.probe == "random":  # their argument checks (from < to, p in [0, 1], std >= 0)
         return any(type(a) is TpuTensor for a in args)
     if func in CLASS_TARGETS:  # CPU wants int64 (or uint8) class targets
         return isinstance(args[1], TpuTensor) and args[1].dtype not in (torch.int64, torch.uint8)
-    if (low.family in ("elementwise", "reduction") or func in _SORTS) and any(
+    if (low.probe in ("elementwise", "reduction") or func in _SORTS) and any(
             type(a) is TpuTensor and a.dtype.is_complex for a in args):
         return True  # complex numbers have no order: CPU refuses lt, maximum, clamp, sort on them
     if func in _NO_BOOL and isinstance(args[0], TpuTensor) and args[0].dtype == torch.bool:
         return True  # CPU has no bool topk or kthvalue (CUDA has; the oracle is CPU)
-    if low.family == "elementwise":
+    if low.probe == "elementwise":
         name = func._overloadpacket.__name__
         if name.endswith("_") or name.startswith(("bitwise_", "__")):
             return True
-    elif low.family != "reduction" and func not in _SOFTMAXES:
+    elif low.probe != "reduction" and func not in _SOFTMAXES:
         return False
     for a in (*args, *kwargs.values()):
         if isinstance(a, TpuTensor) and not (a.dtype.is_floating_point or a.dtype.is_complex):

@@ -130,7 +130,7 @@ def _current_accelerator_is_tpu() -> bool:
     return acc is not None and acc.type == NAME
 
 
-_APPLYING = [False]
+_APPLYING = False
 
 
 def _keep_shared_parameters_shared() -> None:
@@ -146,7 +146,8 @@ def _keep_shared_parameters_shared() -> None:
     apply = torch.nn.Module._apply
 
     def _apply(self, fn, recurse=True):
-        if _APPLYING[0] or not recurse:
+        global _APPLYING
+        if _APPLYING or not recurse:
             return apply(self, fn, recurse)
         owners: dict[int, list] = {}
         for mod in self.modules():
@@ -154,11 +155,11 @@ def _keep_shared_parameters_shared() -> None:
                 if p is not None:
                     owners.setdefault(id(p), []).append((mod, key))
         lazy = _set_aside_uninitialized(self, fn)
-        _APPLYING[0] = True
+        _APPLYING = True
         try:
             out = apply(self, fn, recurse)
         finally:
-            _APPLYING[0] = False
+            _APPLYING = False
             _put_back(lazy)
         for group in owners.values():
             first = group[0][0]._parameters[group[0][1]]

@@ -89,21 +89,22 @@ class Storage:
 
 # What the next host read is for (print, bool, item, ...): set by the dunder methods below so a
 # flush can name its cause, consumed by the dispatcher.
-_sync_cause: list[str | None] = [None]
+_sync_cause: str | None = None
 
 
 def sync_cause() -> str | None:
-    return _sync_cause[0]
+    return _sync_cause
 
 
 def _with_cause(cause: str, fn, *args):
-    prev = _sync_cause[0]
+    global _sync_cause
+    prev = _sync_cause
     if prev is None:
-        _sync_cause[0] = cause
+        _sync_cause = cause
     try:
         return fn(*args)
     finally:
-        _sync_cause[0] = prev
+        _sync_cause = prev
 
 
 class TpuTensor(torch.Tensor):

@@ -103,7 +103,7 @@ def test_load_with_map_location_tpu_gives_cpu_tensors_that_load_state_dict_copie
     opt.zero_grad()
     torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, path)
     for loc in ("tpu", torch.device("tpu"), {"cpu": "tpu"}):
-        monkeypatch.setattr(install, "_WARNED_LOAD", [False])
+        monkeypatch.setattr(install, "_WARNED_LOAD", False)
         with pytest.warns(UserWarning, match="loads the checkpoint's tensors on CPU"):
             state = torch.load(path, map_location=loc)
         assert state["model"]["0.weight"].device.type == "cpu"

@@ -116,14 +116,15 @@ def run_one(plan: Plan, arrays: list, scalars: list, n_out: int) -> list:
     return values
 
 
-_LARGEST = [0]
+_LARGEST = 0
 
 
 def _maybe_snapshot(g: Graph, plan: Plan) -> None:
     """Emit the DAG of the largest flush so far (nodes labelled by op, coloured by program)."""
-    if plan.n_ops <= _LARGEST[0]:
+    global _LARGEST
+    if plan.n_ops <= _LARGEST:
         return
-    _LARGEST[0] = plan.n_ops
+    _LARGEST = plan.n_ops
     group_of = {}
     for gi, step in enumerate(plan.steps):
         for i in step.group.nodes:
@@ -134,4 +135,5 @@ def _maybe_snapshot(g: Graph, plan: Plan) -> None:
 
 
 def reset_snapshot() -> None:
-    _LARGEST[0] = 0
+    global _LARGEST
+    _LARGEST = 0

@@ -94,12 +94,12 @@ def sign(x):
 
 
 @lowering(aten.abs.default, promote="complex_to_float")
-def abs_(x):
+def absolute(x):
     return jnp.abs(x)
 
 
 @lowering(aten.round.default, promote="default")
-def round_(x):
+def round_half_even(x):
     """Half to even, like CPU PyTorch."""
     return jnp.round(x) if jnp.issubdtype(x.dtype, jnp.inexact) else x
 
@@ -463,6 +463,6 @@ def polar(abs, angle):
 
 
 @lowering(aten.complex.default)
-def complex_(real, imag):
+def complex_from_parts(real, imag):
     # lax.complex, not real + 1j * imag: an infinite imag would make the real part NaN
     return jax.lax.complex(*jnp.broadcast_arrays(real, imag))

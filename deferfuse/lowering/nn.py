@@ -273,7 +273,7 @@ def _nll_pick(x, target, weight, ignore_index):
     return -picked * w, w
 
 
-@lowering(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default, family="norm")
+@lowering(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default, family="loss")
 def nll_loss_forward(x, target, weight, reduction, ignore_index):
     losses, w = _nll_pick(x, target, weight, ignore_index)
     total = jnp.sum(w)
@@ -284,7 +284,7 @@ def nll_loss_forward(x, target, weight, reduction, ignore_index):
     return jnp.sum(losses), total
 
 
-@lowering(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default, family="norm")
+@lowering(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default, family="loss")
 def nll_loss_backward(grad, x, target, weight, reduction, ignore_index, total_weight):
     """The vjp of the forward, except that an ignored target's row gets exactly zero, as on CPU:
     when every target is ignored, the mean's 1/total is infinite and would make it NaN (a row
@@ -337,7 +337,7 @@ def _multilabel_margin_meta(args, kwargs):
     return x.new_empty(out), x.new_empty(x.shape)
 
 
-@lowering(aten.multilabel_margin_loss_forward.default, family="norm", meta=_multilabel_margin_meta)
+@lowering(aten.multilabel_margin_loss_forward.default, family="loss", meta=_multilabel_margin_meta)
 def multilabel_margin_loss_forward(x, target, reduction):
     """Each sample's targets are its target entries up to the first -1. PyTorch 2.13's
     decomposition also counts entries after that -1 (pytorch/pytorch#185464), so it is not used."""

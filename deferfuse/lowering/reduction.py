@@ -218,7 +218,7 @@ def _finite_range(args, kwargs, leaves):
     return leaves
 
 
-@lowering(aten.histc.default, family="reduction", ctx=True, cpu_checks=False, static=("min", "max"),
+@lowering(aten.histc.default, family="reduction", ctx=True, probe=None, static=("min", "max"),
           meta_fix=_finite_range)
 def histc(ctx, x, bins=100, min=0, max=0):
     """CPU's and CUDA's binning: values outside [min, max] are dropped, max lands in the last

@@ -5,7 +5,8 @@ JAX arrays. It never sees torch tensors, the graph, the cache or the executors, 
 function serves Strict, Debug and DeferAndFuse. Everything else about the op is declared in the
 decorator, in one statement:
 
-- `family`: what the fuser and the report group it with (elementwise, reduction, matmul, ...).
+- `family`: what the fuser and the report group it with (elementwise, reduction, matmul, ...),
+  and nothing else.
 - `promote`: a PyTorch type-promotion kind; inputs are cast to the computation dtype (float32
   for half types, as CPU PyTorch computes them) and the result to the result dtype.
 - `static`: Scalar arguments whose *value* matters to the program (a norm's order, an
@@ -21,8 +22,13 @@ decorator, in one statement:
   disagrees with CPU PyTorch (the oracle) about an output dtype or layout.
 - `precision`: the op contracts float32 operands (a dot or a convolution), so it is traced at the
   float32 matmul precision of its call (precision.py); by default the matmul and conv families.
-- `cpu_checks=False`: CPU's dtype checks do not apply (meta.needs_cpu_probe skips the op), for
-  the few ops CUDA takes in dtypes CPU refuses (an integer `histc`): on tpu, what CUDA runs works.
+- `probe`: which of CPU's argument checks that meta kernels miss are rehearsed on CPU before the
+  op is recorded (meta.needs_cpu_probe): "elementwise" (in-place result casts, bitwise ops,
+  integer inputs, complex order), "reduction" (integer inputs, complex order), "index" (a
+  floating index, a source of another dtype), "random" (argument ranges), "named" (only the
+  ops meta.py names: class targets, sorts, softmaxes), or None, for the few ops CUDA takes in
+  dtypes CPU refuses (an integer `histc`): on tpu, what CUDA runs works. By default the rule of
+  the same name as the family where there is one, else "named".
 
 Registering the same overload twice is an error at import.
 """
@@ -46,8 +52,11 @@ PROMOTE = {
 }
 
 FAMILIES = frozenset(
-    {"elementwise", "reduction", "matmul", "conv", "norm", "index", "view", "creation", "random", "foreach", "misc"}
+    {"elementwise", "reduction", "matmul", "conv", "norm", "loss", "index", "view", "creation", "random", "foreach",
+     "misc"}
 )
+PROBES = frozenset({"elementwise", "reduction", "index", "random", "named"})
+_DEFAULT = object()
 
 
 @dataclass(frozen=True)
@@ -64,7 +73,7 @@ class Lowering:
     meta_fix: Callable | None = None
     runtime: tuple[str, ...] = ()
     meta: Callable | None = None
-    cpu_checks: bool = True
+    probe: str | None = "named"
     precision: bool = False
 
 
@@ -90,13 +99,17 @@ def lowering(
     meta_fix: Callable | None = None,
     runtime: tuple[str, ...] = (),
     meta: Callable | None = None,
-    cpu_checks: bool = True,
+    probe: str | None = _DEFAULT,  # type: ignore[assignment]
     precision: bool | None = None,
 ):
     if family not in FAMILIES:
         raise ValueError(f"unknown lowering family {family!r}")
     if promote is not None and promote not in PROMOTE:
         raise ValueError(f"unknown promotion kind {promote!r}")
+    if probe is _DEFAULT:
+        probe = family if family in PROBES else "named"
+    elif probe is not None and probe not in PROBES:
+        raise ValueError(f"unknown probe {probe!r}")
     contracts = family in ("matmul", "conv") if precision is None else precision
 
     def register(fn):
@@ -104,7 +117,7 @@ def lowering(
             if op in LOWERINGS:
                 raise RuntimeError(f"deferfuse: {op} has two lowerings ({LOWERINGS[op].fn.__name__}, {fn.__name__})")
             LOWERINGS[op] = Lowering(op, fn, family, promote, promote_args, tuple(static), supports, rng, ctx, meta_fix,
-                                   tuple(runtime), meta, cpu_checks, contracts)
+                                   tuple(runtime), meta, probe, contracts)
         return fn
 
     return register

@@ -25,16 +25,17 @@ from . import collect, text
 __all__ = ["report", "explain", "start", "format_text", "write_html", "write_json"]
 
 # When this process started collecting through `start()` (the wall-clock origin of `report()`).
-_STARTED: list[float | None] = [None]
+_STARTED: float | None = None
 
 
 def start() -> None:
     """Start collecting events now (and time the run from here). Idempotent."""
+    global _STARTED
     if not events.collecting():
         events.start_collecting()
-        _STARTED[0] = time.perf_counter()
-    elif _STARTED[0] is None:
-        _STARTED[0] = time.perf_counter()
+        _STARTED = time.perf_counter()
+    elif _STARTED is None:
+        _STARTED = time.perf_counter()
 
 
 def _metrics() -> dict[str, Any]:
@@ -53,7 +54,7 @@ def report() -> dict[str, Any]:
     """
     on = events.collecting()
     evs = events.events() if on else []
-    wall = None if _STARTED[0] is None or not on else time.perf_counter() - _STARTED[0]
+    wall = None if _STARTED is None or not on else time.perf_counter() - _STARTED
     return collect.build(evs, _metrics(), collecting=on, wall_seconds=wall, mode=get_default_mode().value,
                          events_truncated=on and _truncated(evs))
 

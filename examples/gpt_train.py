@@ -2,20 +2,21 @@
 
     python examples/gpt_train.py --mode defer_and_fuse --steps 50
 
-The model code is ordinary PyTorch; the only deferfuse-specific lines are the import and the
-`with deferfuse.mode(...)` block. `--mode cpu` runs the same script on CPU eager for comparison.
+The model code is ordinary PyTorch; the only deferfuse-specific lines, the `with
+deferfuse.mode(...)` block around the loop, are in loop.py, which mlp_train.py shares. `--mode cpu`
+runs the same script on CPU eager for comparison.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
-import math
 import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+import loop
 
 
 @dataclass
@@ -88,43 +89,21 @@ def batches(cfg: GPTConfig, batch: int, seed: int = 1234):
 def train(mode: str, steps: int, cfg: GPTConfig, batch: int = 8, log_every: int = 5, quiet: bool = False,
           clip: float = 1.0) -> list[float]:
     """Run `steps` training steps; returns the loss of every step where it was read."""
-    torch.manual_seed(0)
-    device = "cpu" if mode == "cpu" else "tpu"
-    if device == "tpu":
-        import deferfuse
-
-        ctx = deferfuse.mode(mode)
-        torch.tpu.manual_seed(0)
-    else:
-        ctx = contextlib.nullcontext()
+    device = loop.device_for(mode)
     model = GPT(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(steps, 1))
-    data = batches(cfg, batch)
-    losses = []
-    t0 = time.perf_counter()
-    with ctx:
-        for step in range(steps):
-            x, y = next(data)
-            x, y = x.to(device), y.to(device)
-            loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
-            loss.backward()
-            if clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-            opt.step()
-            opt.zero_grad()
-            sched.step()
-            if step % log_every == 0 or step == steps - 1:
-                value = loss.item()
-                losses.append(value)
-                if not quiet:
-                    print(f"step {step:4d}  loss {value:.4f}  ({time.perf_counter() - t0:.1f}s)", flush=True)
-    return losses
+
+    def loss_of(logits, y):
+        return F.cross_entropy(logits.flatten(0, 1), y.flatten())
+
+    return loop.run(mode, steps, model, opt, batches(cfg, batch), loss_of, clip=clip, sched=sched,
+                    log_every=log_every, quiet=quiet, fmt=".4f")
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--mode", default="defer_and_fuse", choices=["defer_and_fuse", "strict", "debug", "cpu"])
+    p.add_argument("--mode", default="defer_and_fuse", choices=loop.MODES)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--dim", type=int, default=128)
@@ -135,13 +114,7 @@ def main(argv=None):
     cfg = GPTConfig(layers=args.layers, dim=args.dim, dropout=args.dropout)
     t0 = time.perf_counter()
     train(args.mode, args.steps, cfg, batch=args.batch, log_every=args.log_every)
-    print(f"{args.steps} steps in {time.perf_counter() - t0:.1f}s ({args.mode})")
-    if args.mode != "cpu":
-        import deferfuse
-
-        m = deferfuse.metrics()
-        print("metrics:", {k: (round(v, 3) if isinstance(v, float) else v) for k, v in m.items()})
-
+    loop.summary(args.mode, args.steps, t0)
 
 if __name__ == "__main__":
     main()

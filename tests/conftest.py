@@ -59,6 +59,25 @@ def check_raises_like_cpu(fn, mode: str) -> BaseException:
     return got.value
 
 
+def train_toy(device, layers, make_opt, loss_of, steps=4, clip=None):
+    """The loop the optimizer tests share: `layers` (a Sequential over 6 inputs and 3 outputs,
+    seeded) trained for `steps` on seeded batches of 5 with class targets; `loss_of(out, t)`.
+    Returns the model and its optimizer."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*layers()).to(device)
+    opt = make_opt(model.parameters())
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        x = torch.randn(5, 6, generator=g).to(device)
+        t = torch.randint(0, 3, (5,), generator=g).to(device)
+        loss_of(model(x), t).backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        opt.zero_grad()
+    return model, opt
+
+
 @pytest.fixture(autouse=True)
 def _clean_engine():
     deferfuse.sync()

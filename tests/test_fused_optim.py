@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import deferfuse
-from conftest import MODES, check_all_modes
+from conftest import MODES, check_all_modes, train_toy
 
 
 def _fused_cases():
@@ -28,16 +28,9 @@ def _state(opt):
 
 
 def _train(device, cls, kwargs, steps=4):
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).to(device)
     kwargs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-    opt = cls(model.parameters(), fused=True, **kwargs)
-    g = torch.Generator().manual_seed(1)
-    for _ in range(steps):
-        x = torch.randn(5, 6, generator=g).to(device)
-        model(x).square().mean().backward()
-        opt.step()
-        opt.zero_grad()
+    model, opt = train_toy(device, lambda: [torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)],
+                           lambda p: cls(p, fused=True, **kwargs), lambda out, t: out.square().mean(), steps)
     return [p.detach() for p in model.parameters()] + _state(opt)
 
 

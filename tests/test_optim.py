@@ -5,28 +5,26 @@ import pytest
 import torch
 
 import deferfuse
-from conftest import MODES, check_all_modes
+from conftest import MODES, check_all_modes, train_toy
+
+
+_OPTIMIZERS = {
+    "sgd": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=1e-3),
+    "adam": lambda p: torch.optim.Adam(p, lr=1e-2),
+    "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1),
+}
 
 
 def _train(device, opt_name):
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.GELU(), torch.nn.LayerNorm(8), torch.nn.Linear(8, 3))
-    model = model.to(device)
-    opt = {
-        "sgd": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=1e-3),
-        "adam": lambda p: torch.optim.Adam(p, lr=1e-2),
-        "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1),
-    }[opt_name](model.parameters())
-    g = torch.Generator().manual_seed(1)
-    for _ in range(4):
-        x = torch.randn(5, 6, generator=g).to(device)
-        t = torch.randint(0, 3, (5,), generator=g).to(device)
-        loss = torch.nn.functional.cross_entropy(model(x), t)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
-        opt.step()
-        opt.zero_grad()
-    return [p.detach() for p in model.parameters()] + [loss.detach()]
+    losses = []
+
+    def loss_of(out, t):
+        losses.append(torch.nn.functional.cross_entropy(out, t))
+        return losses[-1]
+
+    model, _ = train_toy(device, lambda: [torch.nn.Linear(6, 8), torch.nn.GELU(), torch.nn.LayerNorm(8),
+                                          torch.nn.Linear(8, 3)], _OPTIMIZERS[opt_name], loss_of, clip=0.5)
+    return [p.detach() for p in model.parameters()] + [losses[-1].detach()]
 
 
 @pytest.mark.parametrize("opt_name", ["sgd", "adam", "adamw"])

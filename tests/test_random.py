@@ -2,6 +2,7 @@
 they must never draw, on determinism under a seed, and on CPU's errors in Debug mode."""
 import pytest
 import torch
+import torch.nn.functional as F
 
 import deferfuse
 from conftest import MODES, check_raises_like_cpu
@@ -149,3 +150,55 @@ def test_checking_a_random_op_leaves_cpus_random_stream_alone():
     torch.manual_seed(0)
     torch.empty(2, device="tpu").uniform_(0.25, 5.5)  # a new signature: its arguments are checked on CPU
     torch.testing.assert_close(torch.rand(3), want)
+
+
+# --- RNG ---------------------------------------------------------------------------------------------
+
+
+def _random_program():
+    a = torch.rand(4, device="tpu")
+    b = torch.randn(2, 3, device="tpu")
+    c = torch.randint(0, 100, (5,), device="tpu")
+    d = torch.empty(6, device="tpu").normal_(2.0, 0.5)
+    e = torch.empty(6, device="tpu").uniform_(-1, 1)
+    f = torch.bernoulli(torch.full((8,), 0.5, device="tpu"))
+    g = F.dropout(torch.ones(10, device="tpu"), 0.3)
+    return [t.cpu() for t in (a, b, c, d, e, f, g)]
+
+
+def test_rng_is_deterministic_and_identical_across_modes():
+    results = []
+    for m in MODES:
+        torch.manual_seed(123)
+        with deferfuse.mode(m):
+            results.append(_random_program())
+    for other in results[1:]:
+        for x, y in zip(results[0], other):
+            assert torch.equal(x, y)
+    torch.tpu.manual_seed(123)
+    again = _random_program()
+    for x, y in zip(results[0], again):
+        assert torch.equal(x, y)
+
+
+def test_rng_gives_fresh_values_and_sane_statistics():
+    torch.manual_seed(0)
+    with deferfuse.mode():
+        a = torch.rand(20000, device="tpu")
+        b = torch.rand(20000, device="tpu")
+        n = torch.randn(20000, device="tpu")
+        a, b, n = a.cpu(), b.cpu(), n.cpu()
+    assert not torch.equal(a, b)
+    assert 0.0 <= a.min() and a.max() < 1.0 and abs(a.mean().item() - 0.5) < 0.02
+    assert abs(n.mean().item()) < 0.05 and abs(n.std().item() - 1) < 0.05
+
+
+def test_dropout_in_a_loop_does_not_recompile():
+    x = torch.ones(64, device="tpu")
+    before = deferfuse.metrics()["cache_misses"]
+    with deferfuse.mode():
+        outs = []
+        for _ in range(6):
+            outs.append(F.dropout(x, 0.5).sum().item())
+    assert len(set(outs)) > 1
+    assert deferfuse.metrics()["cache_misses"] == before + 1

@@ -64,22 +64,22 @@ class Config:
     no_cpu_fallback: bool = field(default_factory=lambda: _flag("DEFERFUSE_NO_CPU_FALLBACK", False))
     # Safety valve on the pending graph. The repeated-op heuristic normally cuts loops long
     # before this; the cap only bounds straight-line code without repetition. 4096 nodes keeps
-    # a worst-case XLA compile on a 2-core CPU near a few seconds (about 1 ms per node measured
-    # for our lowerings) while being well above one GPT training step between repetitions.
+    # a worst-case XLA compile on a 2-core CPU to seconds (compile time grows with nodes;
+    # docs/performance.md) while being well above one GPT training step between repetitions.
     max_pending: int = field(default_factory=lambda: _int("DEFERFUSE_MAX_PENDING", 4096))
     # Repeated-op heuristic (executors/deferred.py): look back this many recorded ops for a
     # period. A tight loop (period below `fuse_block_ops` nodes) is cut once it has repeated
     # over `period_min_ops` ops, so short chains still fuse into one program; a long period (a
     # training step) where all that is pending repeats it, or once it has repeated over
-    # `step_min_ops` nodes (1024: above the 12 layers' backward pass of bench's GPT).
+    # `step_min_ops` nodes (above the backward pass of bench's 12-layer GPT).
     period_lookback: int = field(default_factory=lambda: _int("DEFERFUSE_PERIOD_LOOKBACK", 2048))
     period_min_ops: int = field(default_factory=lambda: _int("DEFERFUSE_PERIOD_MIN_OPS", 64))
     step_min_ops: int = field(default_factory=lambda: _int("DEFERFUSE_STEP_MIN_OPS", 1024))
     # The fuser gives each repetition of a block of at least `fuse_block_ops` ops (a layer) its
     # own program once it repeats `fuse_block_repeats` times, so identical layers share one
     # compiled executable and compile time stays flat with depth; 0 fuses a flush regardless.
-    # Fewer repeats stay fused whole: splitting costs steady-state time (bench's 4-layer GPT
-    # step ran about 15 % slower as 15 programs than as one), and a shallow model compiles fast.
+    # Fewer repeats stay fused whole: splitting costs steady-state time (a GPT step as one
+    # program per layer runs slower than fused whole), and a shallow model compiles fast.
     fuse_block_ops: int = field(default_factory=lambda: _int("DEFERFUSE_FUSE_BLOCK_OPS", 16))
     fuse_block_repeats: int = field(default_factory=lambda: _int("DEFERFUSE_FUSE_BLOCK_REPEATS", 6))
     # Let a flush's program reuse the buffers of inputs nothing else holds any more (the old

@@ -2,7 +2,7 @@
 
 Every recorded op needs its outputs' size, stride and dtype at once (so `t.shape` never syncs and a
 shape error raises at the user's line). PyTorch's meta kernels give exactly CPU's answer but cost
-60-200 us a call, so results are cached per *signature*: the op plus, per argument, the interned
+many times an op's recording (docs/performance.md), so results are cached per *signature*: the op plus, per argument, the interned
 layout of a tensor, the Python type of a runtime scalar, or the value of a static argument.
 
 The same walk splits the arguments into tensors (graph inputs), runtime scalars (program inputs:

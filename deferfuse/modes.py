@@ -113,8 +113,8 @@ def run_backward_here() -> None:
 
     For any other device PyTorch hands backward to a per-device worker thread and the caller
     waits. deferfuse's ops only record or enqueue work, so that thread buys no parallelism, and
-    each `backward()` pays two thread wake-ups, which cost about 1 ms per call on 2 busy cores
-    (the previous step's program holds them). The setting is PyTorch's own thread-local
+    each `backward()` pays two thread wake-ups, which are slow on busy cores (the previous step's
+    program holds them). The setting is PyTorch's own thread-local
     `torch.autograd.set_multithreading_enabled(False)`: `import deferfuse` applies it to the
     importing thread and every mode block to its own thread, for the block's duration.
     """

@@ -62,9 +62,9 @@ def build(
     return fn
 
 
-# Each Python number passed to a jitted function costs about 1.6 µs per call (JAX makes each one a
+# Each Python number passed to a jitted function costs a buffer per call (JAX makes each one a
 # buffer of its own); an array of any length costs one. An AdamW step passes two numbers per
-# parameter (step size, bias correction), so the MLP step's program takes 19 and the GPT step's 119.
+# parameter (step size, bias correction), so a GPT step's program takes over a hundred.
 # From two numbers on, a program takes its floats as one float64 array and its ints as one int64
 # array, and unpacks them in the trace as the weakly typed scalars JAX would have made of them, so
 # the traced program and its dtypes are the same.

@@ -21,8 +21,8 @@ _INTERNAL_PREFIXES = tuple(
     }
 )
 # id(code) -> whether it is internal. Keyed by id because hashing a code object hashes its
-# bytecode and constants (about 1 µs for a large function such as Module._call_impl, per frame per
-# op); `_held` keeps every classified code object alive, so no id is reused for another.
+# bytecode and constants (slow for a large function such as Module._call_impl, per frame per op);
+# `_held` keeps every classified code object alive, so no id is reused for another.
 _is_internal: dict[int, bool] = {}
 _held: list = []
 

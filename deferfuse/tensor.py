@@ -111,7 +111,7 @@ class TpuTensor(torch.Tensor):
     """A tensor on the "tpu" device. Its ATen calls go to deferfuse's dispatcher."""
 
     # Slots, not the instance __dict__ PyTorch gives every tensor: the three are set on every
-    # recorded op's output, and a slot write skips creating that dict (about 0.25 µs an op)
+    # recorded op's output, and a slot write skips creating that dict
     __slots__ = ("_st", "_lay", "_lid")
     _st: Storage
     _lay: tuple | None  # None: the tensor is its whole storage, contiguous; else (plan, offset)
@@ -235,7 +235,7 @@ def _rebuild(cpu: torch.Tensor, requires_grad: bool) -> torch.Tensor:
     return cpu.to(DEVICE).requires_grad_(requires_grad)
 
 
-_make = torch.Tensor._make_wrapper_subclass  # called positionally: keyword parsing costs ~1 µs a tensor
+_make = torch.Tensor._make_wrapper_subclass  # called positionally: keyword parsing costs time per tensor
 _STRIDED = torch.strided
 
 

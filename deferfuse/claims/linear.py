@@ -16,7 +16,7 @@ _composite = torch.ops.aten.linear.default
 
 class _Linear(torch.autograd.Function):
     # The old-style signature (forward takes ctx): with a separate setup_context, Function.apply
-    # binds the arguments through inspect.signature on every call, about 70 µs here. functorch
+    # binds the arguments through inspect.signature on every call, slower than the op. functorch
     # transforms need the new style, so `_claimable` leaves calls under them to PyTorch.
     #
     # Saved, as CPU's addmm saves them: the input only for the weight's gradient, the weight
@@ -78,7 +78,7 @@ def _claimable(x, w, b) -> bool:
 
 # `Function.apply` is a Python wrapper that, outside functorch transforms, walks the arguments to
 # unwrap dead functorch wrappers and then calls the C++ apply. A claimed call has plain TpuTensor
-# arguments and no transform active, so it calls the C++ apply directly (about 6-10 µs a call).
+# arguments and no transform active, so it calls the C++ apply directly.
 _apply_linear = torch._C._FunctionBase.__dict__["apply"].__get__(None, _Linear)
 
 

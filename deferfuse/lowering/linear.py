@@ -4,7 +4,7 @@
 transpose and a matrix product (`t` + `addmm`, with reshapes around it for a 3-D input), and
 autograd records a node for each, whose backward is again half a dozen ops (`t`, `mm`, `mm`,
 `sum`, views). Every one of those is a Python dispatch deferfuse pays for on the host: in bench's
-GPT step, its 17 linear layers made about 40 % of all dispatches. Claimed at its autograd key for
+GPT step, its linear layers made a large share of all dispatches (docs/performance.md). Claimed at its autograd key for
 "tpu" tensors (as `attention.py` does for attention), a linear layer is `deferfuse::linear`
 forward and `deferfuse::linear_backward` backward, each lowered to JAX; the backward is the VJP
 of the forward, so the two cannot drift apart.

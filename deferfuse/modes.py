@@ -3,13 +3,20 @@
 Every ATen call on a tpu tensor, or one that creates a tpu tensor, reaches deferfuse's dispatcher
 whether or not a block is open; the dispatcher runs it under the innermost block's executor, or
 outside any block under the default one (Strict, or as TORCH_TPU_DEFER_AND_FUSE /
-TORCH_TPU_LAUNCH_BLOCKING say). Calls on CPU tensors never enter deferfuse. The executor stack is
-process-wide (not thread-local) because PyTorch runs backward on its own device thread in threads
-that have not turned that off (`run_backward_here`).
+TORCH_TPU_LAUNCH_BLOCKING say). The executor stack is process-wide (not thread-local) because
+PyTorch runs backward on its own device thread in threads that have not turned that off
+(`run_backward_here`).
+
+A block is also a `TorchDispatchMode` on PyTorch's mode stack, as this project's design names it:
+tools that look at the active modes see it, and user modes pushed inside or outside it see ops
+in PyTorch's usual order. Its handler sends ops on tpu tensors to deferfuse's dispatcher and
+lets every other op run as it would without the block. Outside blocks (the environment's
+default mode) there is no mode: tpu tensors reach deferfuse through the subclass alone.
 """
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .causes import Cause
 from . import pending
@@ -18,6 +25,7 @@ from .executors.base import EagerMode, Executor
 from .executors.debug import DebugExecutor
 from .executors.deferred import DeferredExecutor
 from .executors.strict import StrictExecutor
+from .tensor import TpuTensor
 
 EXECUTORS: dict[EagerMode, Executor] = {
     EagerMode.STRICT: StrictExecutor(),
@@ -63,30 +71,41 @@ def get_default_mode() -> EagerMode:
     return _default[0].kind
 
 
-class DeferfuseMode:
-    """Context manager selecting Strict, Debug or DeferAndFuse for the code inside it.
+class DeferfuseMode(TorchDispatchMode):
+    """Strict, Debug or DeferAndFuse for the code inside the block, as a TorchDispatchMode.
 
-    It selects an executor and installs nothing in PyTorch's dispatcher: every ATen call on a tpu
-    tensor already reaches deferfuse through `TpuTensor.__torch_dispatch__`, and every call that
-    creates one (`device="tpu"`) through the PrivateUse1 kernels `install.py` registers. A
-    TorchDispatchMode would add nothing but a Python call for every op in the block, CPU ones
-    included (an optimizer's `.item()` on its CPU step counters: about 8 µs each, a hundred per
-    GPT step).
-    """
+    The handler costs one Python call per op in the block, CPU ops included (an optimizer's
+    `.item()` on its CPU step counters); docs/performance.md measures it against the same
+    engine without the mode (the environment's default mode)."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # PyTorch would wrap the handler in torch._disable_dynamo, a Python call per op; Dynamo
+        # never traces deferfuse anyway
+        return False
 
     def __init__(self, kind: "str | EagerMode" = EagerMode.DEFER_AND_FUSE):
+        super().__init__()
         self.kind = as_mode(kind)
         self.executor = EXECUTORS[self.kind]
         self._threaded: list[bool] = []  # per nested entry of this object
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        # PyTorch takes this mode off its stack while the handler runs, so what deferfuse's
+        # dispatcher calls in turn goes straight to the subclass
+        if TpuTensor in types:
+            return TpuTensor.__torch_dispatch__(func, types, args, kwargs)
+        return func(*args, **(kwargs or {}))
 
     def __enter__(self) -> "DeferfuseMode":
         _stack.append(self.executor)
         # backward inside the block runs on this thread (see `run_backward_here`)
         self._threaded.append(_is_multithreading_enabled())
         _set_multithreading_enabled(False)
-        return self
+        return super().__enter__()
 
     def __exit__(self, exc_type, exc, tb):
+        super().__exit__(exc_type, exc, tb)
         _set_multithreading_enabled(self._threaded.pop())
         _stack.pop()
         if exc_type is None:

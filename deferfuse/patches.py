@@ -18,7 +18,7 @@ from torch.nn.parameter import UninitializedBuffer, UninitializedParameter, Unin
 from torch.utils._pytree import tree_leaves
 from torch.utils.data._utils import pin_memory as pinning
 
-from . import dtypes
+from . import dtypes, modes
 from .target import NAME
 from .tensor import TpuTensor
 
@@ -31,6 +31,7 @@ def apply() -> None:
     _follow_default_dtype()
     _accelerator_calls()
     _enable_foreach_paths()
+    _matrix_rank_out_in_blocks()
 
 
 def _enable_foreach_paths() -> None:
@@ -229,3 +230,22 @@ def _lazy_modules() -> None:
         return out
 
     LazyModuleMixin._infer_parameters = _infer_parameters
+
+
+def _matrix_rank_out_in_blocks() -> None:
+    """`torch.linalg.matrix_rank(a, out=o)` writes `o` inside a mode block, as outside.
+
+    A block is a TorchDispatchMode, and PyTorch's matrix_rank out= kernel, seeing any dispatch mode
+    active (`isTensorSubclassLike`), computes a fresh result and rebinds its C++ reference to it
+    instead of writing into `o`: a CPU call that silently left its output unwritten. Inside a
+    block the call runs as PyTorch's (its checks and resize included), then the value is copied in."""
+    original = torch.linalg.matrix_rank
+
+    @functools.wraps(original)
+    def matrix_rank(*args, out=None, **kwargs):
+        if out is None or not modes._stack:
+            return original(*args, out=out, **kwargs) if out is not None else original(*args, **kwargs)
+        original(*args, out=out, **kwargs)
+        return out.copy_(original(*args, **kwargs))
+
+    torch.linalg.matrix_rank = matrix_rank

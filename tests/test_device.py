@@ -233,8 +233,8 @@ def test_backward_runs_on_the_calling_thread(mode):
 @pytest.mark.parametrize("mode", MODES)
 def test_cpu_ops_inside_a_block_run_untouched(mode):
     """A block selects the executor for tpu ops; CPU ops in it must behave exactly as outside.
-    PyTorch's matrix_rank(out=) leaves `out` unwritten whenever any dispatch mode is active, so
-    this fails if the block ever installs one."""
+    PyTorch's matrix_rank(out=) leaves `out` unwritten whenever any dispatch mode is active, and a
+    block is one (patches.py puts the write back)."""
     a = torch.randn(5, 5, dtype=torch.float64)
     out = torch.full((), -1, dtype=torch.int64)
     before = deferfuse.metrics()["ops_recorded"]

@@ -4,6 +4,7 @@ entry, honours its size cap, and refuses a folder others may write. Each case is
 own with a cache folder of its own."""
 from __future__ import annotations
 
+import ast
 import glob
 import json
 import os
@@ -96,3 +97,24 @@ def test_a_folder_others_may_write_is_not_used(tmp_path):
     os.chmod(shared, 0o777)
     result, stderr = _run(str(shared))
     assert result["folder"] is None and "not private" in stderr
+
+
+def test_the_demo_run_twice_compiles_a_quarter_as_long_the_second_time(tmp_path):
+    """`./dev demo` twice on a fresh cache: the second run loads its programs (compile seconds at
+    most a quarter of the first run's) and prints the same losses."""
+    def demo():
+        out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "gpt_train.py"), "--steps", "6",
+                              "--log-every", "2"], capture_output=True, text=True, timeout=600, cwd=ROOT,
+                             env={**os.environ, "PYTHONPATH": ROOT, "DEFERFUSE_CACHE_DIR": str(tmp_path)})
+        assert out.returncode == 0, out.stderr[-2000:]
+        lines = out.stdout.splitlines()
+        losses = [line.split("(")[0] for line in lines if line.startswith("step")]
+        metrics = ast.literal_eval(next(line for line in lines if line.startswith("metrics:"))[len("metrics:"):].strip())
+        return losses, metrics
+
+    first_losses, first = demo()
+    second_losses, second = demo()
+    assert len(first_losses) == 4 and second_losses == first_losses
+    assert first["persistent_cache_hits"] == 0 and second["persistent_cache_misses"] == 0
+    assert second["compile_seconds"] <= 0.25 * first["compile_seconds"], (first["compile_seconds"],
+                                                                         second["compile_seconds"])

@@ -48,6 +48,7 @@ def _env(extra: dict | None = None) -> dict:
 # any test asks for one: name -> (script, script args, report options, extra env).
 MLP = os.path.join(ROOT, "examples", "mlp_train.py")
 GPT = os.path.join(ROOT, "examples", "gpt_train.py")
+LOOP = os.path.join(ROOT, "examples", "loop.py")  # both examples' training loop, with its loss.item()
 PLAN: dict[str, tuple] = {
     "causes": ("flush_causes.py", (), ("--html", "{dir}/causes.html"), {}),
     "compare": ("fallback.py", (), ("--compare", "strict"), {}),
@@ -167,13 +168,12 @@ def test_cpu_fallback(cli_runs):
 
 
 def test_mlp_example_steady_state(cli_runs):
-    example = MLP
     rep = cli_runs("mlp")
     rc = rep["recompiles"]
     assert rc["after_warm_up"] == 0 and rc["warning"] is None
-    with open(example) as f:
+    with open(LOOP) as f:
         item_line = next(i for i, line in enumerate(f, 1) if "loss.item()" in line)
-    row = _source(rep, f"{example}:{item_line}")
+    row = _source(rep, f"{LOOP}:{item_line}")
     assert "item" in row["causes"]
     fu = rep["fusion"]
     assert fu["fusion_ratio"] > 10 and fu["largest_programs"][0]["ops"] > 20
@@ -193,10 +193,10 @@ def test_gpt_example_item_is_the_main_sync_point(cli_runs):
     rep = cli_runs("gpt")
     rc = rep["recompiles"]
     assert rc["after_warm_up"] == 0 and rc["warning"] is None
-    with open(GPT) as f:
+    with open(LOOP) as f:
         item_line = next(i for i, line in enumerate(f, 1) if "loss.item()" in line)
     main = rep["flushes"]["main_sync_point"]
-    assert main["where"] == f"{GPT}:{item_line}" and main["cause"] == "item"
+    assert main["where"] == f"{LOOP}:{item_line}" and main["cause"] == "item"
     assert main["count"] == 5  # steps 0, 4, 8, 12, 16
     waits = {c["cause"]: c["host_waits"] for c in rep["flushes"]["by_cause"]}
     assert waits["repeated_op_heuristic"] is False  # the engine's per-iteration cuts: no host wait

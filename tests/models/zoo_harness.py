@@ -12,7 +12,6 @@ A stage is one of
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 from typing import Any, Callable
 

@@ -18,8 +18,8 @@ from .events import METRICS
 from .graph import Op
 from .lowered_op import make_lowered_op
 from .lowering import LOWERINGS
-from .meta import (T, ArgSpec, Placeholder, cpu_error_instead, flatten_outputs, meta_args, needs_cpu_probe,
-                   run_cpu_probe, run_meta, template, unflatten_outputs)
+from .meta import T, ArgSpec, Placeholder, flatten_outputs, meta_args, run_meta, template, unflatten_outputs
+from .probe import cpu_error_instead, needs_cpu_probe, run_cpu_probe
 from .tensor import Storage, layout_id, new_tensor, phys_layout
 
 aten = torch.ops.aten

@@ -18,7 +18,7 @@ from ..causes import Cause
 from .. import pending, modes
 from ..config import CONFIG
 from ..dtypes import is_floating
-from ..meta import CLASS_TARGETS
+from ..probe import CLASS_TARGETS
 from ..tensor import TpuTensor
 from .base import EagerMode
 

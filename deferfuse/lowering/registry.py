@@ -19,7 +19,7 @@ decorator, in one statement:
 - `ctx=True`: the function's first argument is a `LowerCtx` (output avals, meta inputs).
 - `meta_fix`: `(args, kwargs, meta_outputs) -> meta_outputs`, for the few ops whose meta kernel
   disagrees with CPU PyTorch (the oracle) about an output dtype or layout.
-- `cpu_checks=False`: CPU's dtype checks do not apply (meta.needs_cpu_probe skips the op), for
+- `cpu_checks=False`: CPU's dtype checks do not apply (probe.needs_cpu_probe skips the op), for
   the few ops CUDA takes in dtypes CPU refuses (an integer `histc`): on tpu, what CUDA runs works.
 
 Registering the same overload twice is an error at import.

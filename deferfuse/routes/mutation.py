@@ -12,7 +12,8 @@ import torch
 
 from .. import dtypes, pending, rng
 from ..lowering import LOWERINGS
-from ..meta import cpu_error_instead, needs_cpu_probe, run_cpu_probe, run_meta, signature
+from ..meta import run_meta, signature
+from ..probe import cpu_error_instead, needs_cpu_probe, run_cpu_probe
 from ..record import RECIPES, spec_of
 from ..tensor import TpuTensor, redispatch
 from ..transfers import assign, assign_out, check_no_partial_overlap
@@ -32,6 +33,8 @@ def _fill_defaults(fill, args, kwargs):
 
 
 _CHECKED: set = set()  # signatures whose meta kernel has run
+# write one value everywhere: CPU lets them write a view whose elements share memory
+_FILLS = (aten.fill_.Scalar, aten.fill_.Tensor, aten.zero_.default)
 
 
 def route_mutating(func, args, kwargs):
@@ -70,7 +73,7 @@ def route_mutating(func, args, kwargs):
         if type(target) is not TpuTensor:  # a CPU 0-dim tensor written from a tpu one
             raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
                                f"{target.device} and tpu:0! (while calling {func})")
-        assign(target, result)
+        assign(target, result, "fill" if func in _FILLS else None)
         if not fill:
             _learn_inplace(kind.functional, key, args, kwargs, tensors, scalars, target)
         return target

@@ -23,8 +23,9 @@ def needs_cpu_probe(func, low, args, kwargs) -> bool:
     any op given or asked for bool (CPU has no bool matmul or arange), and reductions of nothing."""
     if low is None or not low.cpu_checks:
         return False
-    if kwargs.get("dtype") is torch.bool or any(type(a) is TpuTensor and a.dtype is torch.bool for a in args):
-        return True
+    if kwargs.get("dtype") in _RARE_KERNELS or any(type(a) is TpuTensor and a.dtype is torch.bool or type(a) is complex
+                                                   for a in args):
+        return True  # CPU has no bool matmul, no complex arange or xlogy (`xlogy(x, 1j)`)
     if low.family == "index":
         return _float_index_argument(func, args, kwargs) or _shape_probed(func, args) or (
             func in _SAME_DTYPE_SOURCE and isinstance(args[0], TpuTensor) and len(args) > 3
@@ -67,6 +68,9 @@ _SAME_DTYPE_SOURCE = (aten.index_add.default, aten.index_add_.default, aten.inde
 SHAPE_PROBED = (aten.index_add.default, aten.index_add_.default, aten.index_select.default,
                 aten.index_put.default, aten.index_put_.default, aten._unsafe_index_put.default)
 _SHAPE_PROBE_NUMEL = 1 << 24  # a bigger target is not rehearsed on CPU (its wrong shape fails at the flush)
+
+
+_RARE_KERNELS = (torch.bool, torch.complex64, torch.complex128)
 
 
 def _has_empty(args) -> bool:
@@ -120,20 +124,20 @@ def run_cpu_probe(func, args: tuple, kwargs: dict, real_only: bool = False) -> N
         inplace = func._schema.is_mutable
         names = [a.name for a in func._schema.arguments]
         pargs = tuple(stand_in(a, real, inplace and i == 0, names[i] in _INDEX_ARGUMENTS) for i, a in enumerate(args))
-        func(*pargs, **{k: None if k == "generator" else stand_in(v, real, inplace and k == "out", k in _INDEX_ARGUMENTS)
-                        for k, v in kwargs.items()})
+        return func(*pargs, **{k: None if k == "generator" else stand_in(v, real, inplace and k == "out",
+                                                                        k in _INDEX_ARGUMENTS)
+                               for k, v in kwargs.items()})
 
     # fork_rng: a random op's rehearsal must not move CPU's random stream
     with torch.no_grad(), torch.utils._python_dispatch._disable_current_modes(), warnings.catch_warnings(), \
             torch.random.fork_rng(devices=[]):
         warnings.simplefilter("ignore")
         if real_only or func in SHAPE_PROBED or _has_empty(args):
-            call(real=True)
-            return
+            return call(real=True)
         try:
-            call(real=False)
+            return call(real=False)
         except Exception:  # noqa: BLE001
-            call(real=True)
+            return call(real=True)
 
 
 def cpu_error_instead(func, args: tuple, kwargs: dict, err: BaseException) -> None:
@@ -149,6 +153,19 @@ def cpu_error_instead(func, args: tuple, kwargs: dict, err: BaseException) -> No
         run_cpu_probe(func, args, kwargs, real_only=True)
     except Exception as cpu:  # noqa: BLE001
         raise cpu.with_traceback(None) from None
+    raise err
+
+
+def cpu_meta_instead(func, args: tuple, kwargs: dict, err: BaseException):
+    """An elementwise op's meta kernel refused a call CPU's kernel takes (`bool_tensor << 1`,
+    an int64 result): CPU's result over stand-ins of the real shapes, as meta tensors, stands
+    for the meta kernel's; a call CPU refuses raises CPU's error."""
+    try:
+        out = run_cpu_probe(func, args, kwargs, real_only=True)
+    except Exception as cpu:  # noqa: BLE001
+        raise cpu.with_traceback(None) from None
+    if isinstance(out, torch.Tensor):
+        return torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device="meta")
     raise err
 
 

@@ -90,9 +90,9 @@ def check_writable(dst: TpuTensor, uniform: str | None = None) -> None:
             f"deferfuse: this tensor is the result of {dst._st.copy_of}, a view PyTorch aliases but deferfuse "
             "computes as a copy; writing into it would not update its base. Write into the base instead."
         )
-    if uniform == "fill":
-        return
     size, stride, _ = LAYOUTS[dst._lid]
+    if uniform == "fill" or 0 in size:  # a fill, or nothing to write
+        return
     if any(s == 0 and n > 1 for n, s in zip(size, stride)) or (
             uniform is None and dst._lay is not None and dst._lay[0][0] == "gather" and _overlaps(size, stride)):
         raise RuntimeError(

@@ -187,3 +187,50 @@ _BOOL_KERNELS = {
 @pytest.mark.parametrize("call", sorted(_BOOL_KERNELS))
 def test_ops_cpu_has_no_bool_kernel_for_raise_like_cpu(call, mode):
     check_raises_like_cpu(_BOOL_KERNELS[call], mode)
+
+
+def test_shifting_a_bool_tensor_gives_cpus_int64_result():
+    """PyTorch's meta kernel refuses a bool shift that CPU's kernel takes: tpu raised."""
+    def run(d):
+        x = torch.tensor([True, False]).to(d)
+        return x << 1, x >> 1, torch.tensor(True).to(d) << 3, 1 << x
+
+    check_all_modes(run)
+
+
+_NO_COMPLEX_KERNEL = {
+    "arange": lambda d: torch.arange(1, 4, 0.5, dtype=torch.complex64, device=d),
+    "xlogy of 1j": lambda d: torch.xlogy(torch.ones(3).to(d), 1j),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("call", sorted(_NO_COMPLEX_KERNEL))
+def test_ops_cpu_has_no_complex_kernel_for_raise_like_cpu(call, mode):
+    check_raises_like_cpu(_NO_COMPLEX_KERNEL[call], mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_composite_op_refused_by_an_inner_op_raises_cpus_error(mode):
+    """stack of a 3-dim and a 2-dim tensor: its expansion's unsqueeze raised IndexError, CPU a
+    RuntimeError naming the sizes."""
+    check_raises_like_cpu(lambda d: torch.stack([torch.zeros(2, 3, 3).to(d), torch.zeros(1, 3).to(d)], -1), mode)
+
+
+def test_one_hot_of_a_transposed_tensor_is_contiguous_like_cpu():
+    x_cpu = torch.tensor([[0, 1, 2], [2, 1, 0]]).t()
+    expected = torch.nn.functional.one_hot(x_cpu, 3)
+    for mode in MODES:
+        with deferfuse.mode(mode):
+            got = torch.nn.functional.one_hot(x_cpu.to("tpu"), 3)
+            assert got.stride() == expected.stride(), mode
+            torch.testing.assert_close(got.cpu(), expected)
+
+
+def test_a_write_into_an_empty_expanded_view_writes_nothing_like_cpu():
+    def run(d):
+        x = torch.zeros(1, 0).to(d)
+        x.expand(2, 0).copy_(torch.ones(2, 0).to(d))
+        return x
+
+    check_all_modes(run)

@@ -31,6 +31,8 @@ from .. import dtypes, pending, program, rng
 from ..events import METRICS
 from ..graph import OUT_BITS, Op, node_of, out_of
 from ..meta import flatten_outputs, signature
+from ..pending import FlushError
+from ..probe import cpu_error_instead
 from ..record import OutInfo, Recipe, emit, spec_of
 from ..tensor import TpuTensor
 from . import fallback
@@ -154,6 +156,11 @@ def _expand(func, args, kwargs, how):
         _DECOMPOSING.add(func)
         try:
             return how(*args, **kwargs)
+        except (FlushError, NotImplementedError):
+            raise
+        except Exception as err:  # noqa: BLE001 - an inner op's check is worded its own way
+            # (stack of a 2-dim and a 3-dim tensor: unsqueeze's IndexError, CPU's RuntimeError)
+            cpu_error_instead(func, args, kwargs, err)
         finally:
             _DECOMPOSING.discard(func)
 

@@ -234,3 +234,15 @@ def test_a_write_into_an_empty_expanded_view_writes_nothing_like_cpu():
         return x
 
     check_all_modes(run)
+
+
+def test_nan_to_num_of_complex_and_bfloat16_like_cpu():
+    """PyTorch's decomposition refused complex inputs (isneginf): RuntimeError where CPU runs."""
+    vals = [float("nan"), float("inf"), -float("inf"), 1.5]
+
+    def run(d):
+        x = torch.tensor(vals).to(d)
+        return (torch.nan_to_num(x.to(torch.complex64) * (1 + 1j)), torch.nan_to_num(x.to(torch.bfloat16)),
+                torch.nan_to_num(x, 1.0, 2.0, -3.0), x.double().nan_to_num_(posinf=5.0))
+
+    check_all_modes(run)

@@ -466,3 +466,13 @@ def polar(abs, angle):
 def complex_(real, imag):
     # lax.complex, not real + 1j * imag: an infinite imag would make the real part NaN
     return jax.lax.complex(*jnp.broadcast_arrays(real, imag))
+
+
+@lowering(aten.nan_to_num.default)
+def nan_to_num(x, nan=None, posinf=None, neginf=None):
+    """PyTorch's decomposition refuses complex inputs (isneginf), CPU's kernel takes them and
+    replaces in the real and imaginary parts; computed in x's own dtype, whose largest finite
+    value replaces +inf (float32's would overflow bfloat16 back to inf)."""
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        return x
+    return jnp.nan_to_num(x, nan=0.0 if nan is None else nan, posinf=posinf, neginf=neginf)

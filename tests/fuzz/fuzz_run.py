@@ -16,6 +16,7 @@ import inspect
 import math
 import os
 import re
+import resource
 import sys
 import time
 import warnings
@@ -218,17 +219,19 @@ def reproducer(stmts: list[str], failure: Failure, seed=None) -> str:
     return "\n".join(lines)
 
 
-def check_seed(seed: int, modes=MODES, shrink_budget: int = 80) -> str | None:
-    """None when the seed's program agrees with CPU in every mode, else a report of its first
-    failure with a shrunk reproducer (and the other failures listed)."""
+def check_seed(seed: int, modes=MODES, shrink_budget: int = 80) -> tuple[str | None, set]:
+    """(None, {}) when the seed's program agrees with CPU in every mode, else a report of its
+    first failure with a shrunk reproducer (and the other failures listed), and the modes that
+    disagreed."""
     stmts = generate(seed)
     failures = check(stmts, modes)
     if not failures:
-        return None
+        return None, set()
     first = failures[0]
     small = shrink(stmts, first, shrink_budget) if shrink_budget else stmts
     rest = "".join(f"\n#   also: {f}".replace("\n", "\n#   ") for f in failures[1:6])
-    return reproducer(small, first, seed) + ("\n# other failures of the full program:" + rest if rest else "")
+    report = reproducer(small, first, seed) + ("\n# other failures of the full program:" + rest if rest else "")
+    return report, {f.mode for f in failures}
 
 
 def main(argv=None) -> int:
@@ -241,9 +244,12 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     modes = tuple(a.modes.split(","))
     ok = bad = 0
+    agreed = dict.fromkeys(modes, 0)
     t0 = time.time()
     for seed in range(a.start, a.start + a.count):
-        rep = check_seed(seed, modes, a.shrink)
+        rep, failed = check_seed(seed, modes, a.shrink)
+        for m in modes:
+            agreed[m] += m not in failed
         if rep is None:
             ok += 1
         else:
@@ -254,8 +260,10 @@ def main(argv=None) -> int:
                     f.write(rep + "\n\n")
         done = ok + bad
         if done % 100 == 0 or done == a.count:
-            print(f"{done} programs ({seed + 1 - done}..{seed}), {ok} agreed in {','.join(modes)}, {bad} disagreed, "
-                  f"{time.time() - t0:.0f} s", flush=True)
+            per_mode = ", ".join(f"{m} {n}" for m, n in agreed.items())
+            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10
+            print(f"{done} programs (seeds {seed + 1 - done}..{seed}): {ok} agreed in every mode, {bad} disagreed; "
+                  f"agreed per mode: {per_mode}; {time.time() - t0:.0f} s, max RSS {rss} MiB", flush=True)
     return 1 if bad else 0
 
 

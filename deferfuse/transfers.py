@@ -112,6 +112,17 @@ def check_no_partial_overlap(target: TpuTensor, inputs) -> None:
                 "single memory location. Please clone() the tensor before performing the operation.")
 
 
+def check_no_overlap(target: TpuTensor, inputs) -> None:
+    """Refuse, as CPU's scatter and index kernels do, an input that shares any element with the
+    target, the target itself included (`x.scatter_add_(0, i, x)`)."""
+    st = target._st
+    for t in inputs:
+        if t._st is st and (_view_of(t) == _view_of(target) or views.partially_overlap(_view_of(t), _view_of(target))):
+            raise RuntimeError(
+                "unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
+                "single memory location. Please clone() the tensor before performing the operation.")
+
+
 def _view_of(t: TpuTensor) -> tuple:
     size, stride, _ = LAYOUTS[t._lid]
     return size, stride, offset_of(t)

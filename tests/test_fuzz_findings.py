@@ -246,3 +246,34 @@ def test_nan_to_num_of_complex_and_bfloat16_like_cpu():
                 torch.nan_to_num(x, 1.0, 2.0, -3.0), x.double().nan_to_num_(posinf=5.0))
 
     check_all_modes(run)
+
+
+_SELF_AS_SOURCE = {
+    "scatter_": lambda x, i: x.scatter_(0, i, x),
+    "scatter_add_": lambda x, i: x.scatter_add_(0, i, x),
+    "scatter_reduce_": lambda x, i: x.scatter_reduce_(0, i, x, "sum"),
+    "index_add_": lambda x, i: x.index_add_(0, i, x),
+    "index_copy_": lambda x, i: x.index_copy_(0, i, x),
+    "put_": lambda x, i: x.put_(i, x),
+    "index_add_ of a part": lambda x, i: x.index_add_(0, i[:2], x[1:]),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("call", sorted(_SELF_AS_SOURCE))
+def test_a_scatter_whose_source_is_its_target_raises_like_cpu(call, mode):
+    """CPU refuses a source sharing elements with the target; tpu computed as if it were cloned."""
+    check_raises_like_cpu(lambda d: _SELF_AS_SOURCE[call](torch.ones(3).to(d), torch.tensor([0, 1, 2]).to(d)), mode)
+
+
+def test_floor_division_of_a_transposed_tensor_keeps_its_layout_like_cpu():
+    """floor_divide's meta kernel returns a contiguous result where CPU's follows its inputs."""
+    a_cpu, b_cpu = torch.arange(9.0).reshape(3, 3).t(), torch.full((3, 3), 2.0)
+    calls = [lambda a, b: a // b, lambda a, b: torch.div(a, b, rounding_mode="floor"),
+             lambda a, b: torch.div(a, b, rounding_mode="trunc"), lambda a, b: a // 2]
+    for mode in MODES:
+        with deferfuse.mode(mode):
+            for call in calls:
+                got, expected = call(a_cpu.to("tpu"), b_cpu.to("tpu")), call(a_cpu, b_cpu)
+                assert got.stride() == expected.stride(), mode
+                torch.testing.assert_close(got.cpu(), expected)

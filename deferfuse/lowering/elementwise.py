@@ -14,6 +14,7 @@ import torch
 from jax import lax
 
 from ..dtypes import to_jax_dtype, HALF as _HALF
+from ..meta import run_meta
 from .registry import aten, lowering
 
 
@@ -187,7 +188,20 @@ def div(x, y):
     return x / y
 
 
-@lowering(aten.div.Tensor_mode, aten.div.Scalar_mode, promote="default", ctx=True)
+def _binary_layout(args, kwargs, leaves):
+    """The meta kernels of floor division return a contiguous result; CPU's TensorIterator lays
+    it out like its inputs (a transposed x gives a transposed x // y), as add's meta kernel does."""
+    out = leaves[0]
+    try:
+        like = run_meta(aten.add.Tensor, tuple(args[:2]), {})
+    except Exception:  # noqa: BLE001 - the op's own checks have already run
+        return leaves
+    if tuple(like.shape) != tuple(out.shape):
+        return leaves
+    return [torch.empty_strided(out.shape, like.stride(), dtype=out.dtype, device="meta")]
+
+
+@lowering(aten.div.Tensor_mode, aten.div.Scalar_mode, promote="default", ctx=True, meta_fix=_binary_layout)
 def div_mode(ctx, x, y, *, rounding_mode=None):
     """Integers divide exactly (C truncation or Python floor). CPU's trunc mode for half types
     rounds the quotient to the half type *before* truncating (17.95 -> 18), so we do too."""
@@ -206,7 +220,7 @@ def div_mode(ctx, x, y, *, rounding_mode=None):
     return jnp.floor_divide(x, y)
 
 
-@lowering(aten.floor_divide.default, aten.floor_divide.Scalar, promote="default")
+@lowering(aten.floor_divide.default, aten.floor_divide.Scalar, promote="default", meta_fix=_binary_layout)
 def floor_divide(x, y):
     return jnp.floor_divide(x, y)
 

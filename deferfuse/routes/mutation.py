@@ -16,7 +16,7 @@ from ..meta import run_meta, signature
 from ..probe import cpu_error_instead, needs_cpu_probe, run_cpu_probe
 from ..record import RECIPES, spec_of
 from ..tensor import TpuTensor, redispatch
-from ..transfers import assign, assign_out, check_no_partial_overlap
+from ..transfers import assign, assign_out, check_no_overlap, check_no_partial_overlap
 from ..variants import InPlace
 from .lowered import route_lowered
 
@@ -35,6 +35,9 @@ def _fill_defaults(fill, args, kwargs):
 _CHECKED: set = set()  # signatures whose meta kernel has run
 # write one value everywhere: CPU lets them write a view whose elements share memory
 _FILLS = (aten.fill_.Scalar, aten.fill_.Tensor, aten.zero_.default)
+# CPU refuses an input sharing any element with the target, even all of them (`x.index_add_(0, i, x)`)
+_NO_OVERLAP = (aten.scatter_.src, aten.scatter_add_.default, aten.scatter_reduce_.two, aten.index_add_.default,
+               aten.index_copy_.default, aten.put_.default)
 
 
 def route_mutating(func, args, kwargs):
@@ -47,6 +50,8 @@ def route_mutating(func, args, kwargs):
         target = _written(func, writes, args, kwargs) if several else args[0]
         if not several and type(target) is TpuTensor:
             check_no_partial_overlap(target, tensors)
+            if func in _NO_OVERLAP:
+                check_no_overlap(target, tensors[1:])
         if kind.foreach:
             _bump_versions(target)
         r = _INPLACE.get(key)

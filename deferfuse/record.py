@@ -18,9 +18,9 @@ from .events import METRICS
 from .graph import Op
 from .lowered_op import make_lowered_op
 from .lowering import LOWERINGS
-from .meta import (T, ArgSpec, Placeholder, cpu_error_instead, flatten_outputs, meta_args, needs_cpu_probe,
-                   run_cpu_probe, run_meta, template, unflatten_outputs)
+from .meta import T, ArgSpec, Placeholder, flatten_outputs, meta_args, run_meta, template, unflatten_outputs
 from .precision import XLA_NAMES
+from .probe import cpu_error_instead, cpu_meta_instead, needs_cpu_probe, run_cpu_probe
 from .tensor import Storage, layout_id, new_tensor, phys_layout
 
 aten = torch.ops.aten
@@ -149,7 +149,9 @@ def make_recipe(func, spec, key, args, kwargs, low=None, host=False, precision=N
     except Exception as err:  # noqa: BLE001 - CPU's error for the call, if it has one
         if host or isinstance(err, NotImplementedError):
             raise
-        cpu_error_instead(func, args, kwargs, err)
+        if low is None or low.family != "elementwise" or low.meta is not None:
+            cpu_error_instead(func, args, kwargs, err)
+        meta_out = cpu_meta_instead(func, args, kwargs, err)
     leaves, spec_out = flatten_outputs(meta_out)
     if low is not None and low.meta_fix is not None:
         leaves = low.meta_fix(args, kwargs, leaves)

@@ -80,15 +80,21 @@ def _convert_op(ssize, sdtype, dsize, ddtype) -> Op:
     return Op.intern(key, make)
 
 
-def check_writable(dst: TpuTensor) -> None:
+def check_writable(dst: TpuTensor, uniform: str | None = None) -> None:
+    """Refuse a write CPU refuses (into a view with a zero stride) or one whose result would be
+    undefined (into a view whose elements share memory). `uniform`: every element gets the same
+    value, so sharing is harmless: "fill" (fill_, zero_, which CPU lets write even an expanded
+    view) or "copy" (copy_ of one value, refused by CPU only where a stride is 0)."""
     if dst._st.copy_of is not None:
         raise NotImplementedError(
             f"deferfuse: this tensor is the result of {dst._st.copy_of}, a view PyTorch aliases but deferfuse "
             "computes as a copy; writing into it would not update its base. Write into the base instead."
         )
     size, stride, _ = LAYOUTS[dst._lid]
-    if any(s == 0 and n > 1 for n, s in zip(size, stride)) or (dst._lay is not None and dst._lay[0][0] == "gather"
-                                                                  and _overlaps(size, stride)):
+    if uniform == "fill" or 0 in size:  # a fill, or nothing to write
+        return
+    if any(s == 0 and n > 1 for n, s in zip(size, stride)) or (
+            uniform is None and dst._lay is not None and dst._lay[0][0] == "gather" and _overlaps(size, stride)):
         raise RuntimeError(
             "unsupported operation: more than one element of the written-to tensor refers to a single memory "
             "location. Please clone() the tensor before performing the operation."
@@ -101,6 +107,17 @@ def check_no_partial_overlap(target: TpuTensor, inputs) -> None:
     st = target._st
     for t in inputs:
         if t._st is st and t is not target and views.partially_overlap(_view_of(t), _view_of(target)):
+            raise RuntimeError(
+                "unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
+                "single memory location. Please clone() the tensor before performing the operation.")
+
+
+def check_no_overlap(target: TpuTensor, inputs) -> None:
+    """Refuse, as CPU's scatter and index kernels do, an input that shares any element with the
+    target, the target itself included (`x.scatter_add_(0, i, x)`)."""
+    st = target._st
+    for t in inputs:
+        if t._st is st and (_view_of(t) == _view_of(target) or views.partially_overlap(_view_of(t), _view_of(target))):
             raise RuntimeError(
                 "unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
                 "single memory location. Please clone() the tensor before performing the operation.")
@@ -131,11 +148,12 @@ def _overlaps(size, stride) -> bool:
     return np.unique(addresses).size < addresses.size
 
 
-def assign(dst: TpuTensor, src: TpuTensor) -> None:
-    """dst[...] = src with PyTorch's copy semantics (cast, broadcast), through dst's view."""
+def assign(dst: TpuTensor, src: TpuTensor, uniform: str | None = None) -> None:
+    """dst[...] = src with PyTorch's copy semantics (cast, broadcast), through dst's view.
+    `uniform`: src is one value throughout (see `check_writable`)."""
     if dst is src:
         return
-    check_writable(dst)
+    check_writable(dst, uniform)
     if src.shape != dst.shape:
         check_copy_shapes(dst, src)
     dsize, _, ddtype = LAYOUTS[dst._lid]

@@ -220,10 +220,9 @@ def write(value, plan: tuple, offset, new):
         return value
     _, _, size, mapping, bcast, zero = plan
     if bcast:
-        raise RuntimeError(
-            "unsupported operation: more than one element of the written-to tensor refers to a single "
-            "memory location. Please clone() the tensor before performing the operation."
-        )
+        # only a fill gets here (transfers.check_writable refuses other writes at the call): every
+        # element along a broadcast dim is the same value, and one of them is written
+        new = new[tuple(slice(0, 1) if d in bcast else slice(None) for d in range(len(size)))]
     new = new.astype(value.dtype)
     if kind == "slice":
         pstr = contiguous_strides(phys)

@@ -2,7 +2,7 @@
 `deferfuse::sdpa` node forward and one `deferfuse::sdpa_backward` node backward (lowered in
 `lowering/attention.py`, which says why and what is claimed), and the CPU kernel of
 `deferfuse::sdpa`: PyTorch's own attention, so that a call the fake kernel refuses raises CPU's
-error at the user's line (meta.cpu_error_instead runs it).
+error at the user's line (probe.cpu_error_instead runs it).
 """
 from __future__ import annotations
 

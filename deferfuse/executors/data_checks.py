@@ -18,7 +18,7 @@ from ..causes import Cause
 from .. import pending, modes
 from ..config import CONFIG
 from ..dtypes import is_floating
-from ..meta import CLASS_TARGETS
+from ..probe import CLASS_TARGETS
 from ..tensor import TpuTensor
 from .base import EagerMode
 
@@ -190,7 +190,8 @@ def _one_hot(self, num_classes=-1):
         v = pending.concrete(self, Cause.DEBUG_OP, None)
         if int(v.min()) < 0 or int(v.max()) >= num_classes:
             _raise_like_cpu(aten.one_hot.default, (self, num_classes), {}, "one_hot: class out of range", RuntimeError)
-    return (self.unsqueeze(-1) == torch.arange(num_classes, device=self.device)).to(torch.int64)
+    # contiguous, as CPU's result is (a transposed input made a transposed result)
+    return (self.unsqueeze(-1) == torch.arange(num_classes, device=self.device)).to(torch.int64).contiguous()
 
 
 _lib = torch.library.Library("aten", "IMPL")

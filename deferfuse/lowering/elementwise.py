@@ -14,6 +14,7 @@ import torch
 from jax import lax
 
 from ..dtypes import to_jax_dtype, HALF as _HALF
+from ..meta import run_meta
 from .registry import aten, lowering
 
 
@@ -187,7 +188,20 @@ def div(x, y):
     return x / y
 
 
-@lowering(aten.div.Tensor_mode, aten.div.Scalar_mode, promote="default", ctx=True)
+def _binary_layout(args, kwargs, leaves):
+    """The meta kernels of floor division return a contiguous result; CPU's TensorIterator lays
+    it out like its inputs (a transposed x gives a transposed x // y), as add's meta kernel does."""
+    out = leaves[0]
+    try:
+        like = run_meta(aten.add.Tensor, tuple(args[:2]), {})
+    except Exception:  # noqa: BLE001 - the op's own checks have already run
+        return leaves
+    if tuple(like.shape) != tuple(out.shape):
+        return leaves
+    return [torch.empty_strided(out.shape, like.stride(), dtype=out.dtype, device="meta")]
+
+
+@lowering(aten.div.Tensor_mode, aten.div.Scalar_mode, promote="default", ctx=True, meta_fix=_binary_layout)
 def div_mode(ctx, x, y, *, rounding_mode=None):
     """Integers divide exactly (C truncation or Python floor). CPU's trunc mode for half types
     rounds the quotient to the half type *before* truncating (17.95 -> 18), so we do too."""
@@ -206,7 +220,7 @@ def div_mode(ctx, x, y, *, rounding_mode=None):
     return jnp.floor_divide(x, y)
 
 
-@lowering(aten.floor_divide.default, aten.floor_divide.Scalar, promote="default")
+@lowering(aten.floor_divide.default, aten.floor_divide.Scalar, promote="default", meta_fix=_binary_layout)
 def floor_divide(x, y):
     return jnp.floor_divide(x, y)
 
@@ -466,3 +480,13 @@ def polar(abs, angle):
 def complex_from_parts(real, imag):
     # lax.complex, not real + 1j * imag: an infinite imag would make the real part NaN
     return jax.lax.complex(*jnp.broadcast_arrays(real, imag))
+
+
+@lowering(aten.nan_to_num.default)
+def nan_to_num(x, nan=None, posinf=None, neginf=None):
+    """PyTorch's decomposition refuses complex inputs (isneginf), CPU's kernel takes them and
+    replaces in the real and imaginary parts; computed in x's own dtype, whose largest finite
+    value replaces +inf (float32's would overflow bfloat16 back to inf)."""
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        return x
+    return jnp.nan_to_num(x, nan=0.0 if nan is None else nan, posinf=posinf, neginf=neginf)

@@ -150,16 +150,16 @@ def index_add(x, dim, index, source, *, alpha=1):
 
 @lowering(aten.index_copy.default, family="index")
 def index_copy(x, dim, index, source):
-    if x.ndim == 0:
-        return source.reshape(())
+    if x.ndim == 0:  # no index writes nothing
+        return source.reshape(()).astype(x.dtype) if index.size else x
     dim %= x.ndim
     return x.at[(slice(None),) * dim + (index.reshape(-1),)].set(source.astype(x.dtype))
 
 
 @lowering(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor, family="index")
 def index_fill(x, dim, index, value):
-    if x.ndim == 0:
-        return jnp.asarray(value).astype(x.dtype).reshape(())
+    if x.ndim == 0:  # no index fills nothing
+        return jnp.asarray(value).astype(x.dtype).reshape(()) if index.size else x
     dim %= x.ndim
     return x.at[(slice(None),) * dim + (index.reshape(-1),)].set(jnp.asarray(value).astype(x.dtype))
 

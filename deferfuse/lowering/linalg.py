@@ -13,7 +13,7 @@ import torch
 from jax import lax
 
 from ..dtypes import to_jax_dtype, HALF as _HALF
-from ..meta import from_cpu
+from ..probe import from_cpu
 from .registry import aten, bound, lowering
 
 

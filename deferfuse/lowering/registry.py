@@ -23,7 +23,7 @@ decorator, in one statement:
 - `precision`: the op contracts float32 operands (a dot or a convolution), so it is traced at the
   float32 matmul precision of its call (precision.py); by default the matmul and conv families.
 - `probe`: which of CPU's argument checks that meta kernels miss are rehearsed on CPU before the
-  op is recorded (meta.needs_cpu_probe): "elementwise" (in-place result casts, bitwise ops,
+  op is recorded (probe.needs_cpu_probe): "elementwise" (in-place result casts, bitwise ops,
   integer inputs, complex order), "reduction" (integer inputs, complex order), "index" (a
   floating index, a source of another dtype), "random" (argument ranges), "named" (only the
   ops meta.py names: class targets, sorts, softmaxes), or None, for the few ops CUDA takes in

@@ -47,13 +47,18 @@ def _dense(size, stride) -> bool:
 
 def route_copy_(func, args, kwargs):
     dst, src = args[0], args[1]
+    if type(src) in (bool, int, float, complex):
+        # `t.copy_(2)`: PyTorch hands a Python number on as it is; CPU copies it as a 0-dim tensor
+        src = torch.tensor(src)
     if isinstance(dst, TpuTensor):
         check_copy_shapes(dst, src)
+        # one value (fill_ of a 0-dim tensor comes as a copy_ of it expanded): elements sharing memory get the same
+        uniform = "copy" if all(s == 0 or n == 1 for n, s in zip(src.shape, src.stride())) else None
         if isinstance(src, TpuTensor):
             check_no_partial_overlap(dst, (src,))
-            assign(dst, src)
+            assign(dst, src, uniform)
             return dst
-        check_writable(dst)
+        check_writable(dst, uniform)
         host = src.detach().to(dst.dtype)
         if tuple(host.shape) != tuple(dst.shape):
             host = host.expand(dst.shape)

@@ -10,7 +10,7 @@ import torch
 
 from ..causes import Cause
 from .. import pending, sources, tensor
-from ..meta import cpu_error_instead
+from ..probe import cpu_error_instead
 from ..target import NAME
 from ..tensor import TpuTensor, from_concrete, redispatch
 from ..transfers import assign, to_host
@@ -48,8 +48,11 @@ def _eager_nonzero(args, kwargs):
     x = args[0]
     v = pending.concrete(x, Cause.DATA_DEPENDENT, _where())
     if v.ndim == 0:  # PyTorch: (1, 0) for a nonzero scalar, (0, 0) otherwise
-        return from_concrete(jnp.zeros((1 if bool(v != 0) else 0, 0), jnp.int64), torch.int64)
-    return from_concrete(jnp.argwhere(v).astype(jnp.int64), torch.int64)
+        cols = jnp.zeros((0, 1 if bool(v != 0) else 0), jnp.int64)
+    else:
+        cols = jnp.argwhere(v).astype(jnp.int64).T
+    # CPU's result is column-major, strides (1, n): the transpose of an (ndim, n) tensor
+    return redispatch(aten.t.default, (from_concrete(cols, torch.int64),), {})
 
 
 def _eager_masked_select(args, kwargs):

@@ -34,6 +34,7 @@ from ..events import METRICS
 from ..graph import OUT_BITS, Op, node_of, out_of
 from ..meta import flatten_outputs, signature
 from ..precision import current as matmul_precision
+from ..probe import run_cpu_probe
 from ..record import OutInfo, Recipe, emit, spec_of
 from ..tensor import TpuTensor
 from . import fallback
@@ -161,6 +162,17 @@ def _expand(func, args, kwargs, how):
         _DECOMPOSING.add(func)
         try:
             return how(*args, **kwargs)
+        except (RuntimeError, NotImplementedError):  # CPU's own type (LinAlgError, from the real values)
+            raise
+        except Exception as err:  # noqa: BLE001 - an inner op's check is worded its own way
+            # (stack of a 2-dim and a 3-dim tensor: unsqueeze's IndexError, CPU's RuntimeError).
+            # CPU's error over stand-ins replaces it only when of another type
+            try:
+                run_cpu_probe(func, args, kwargs, real_only=True)
+            except Exception as cpu:  # noqa: BLE001
+                if type(cpu) is not type(err):
+                    raise cpu.with_traceback(None) from None
+            raise
         finally:
             _DECOMPOSING.discard(func)
 

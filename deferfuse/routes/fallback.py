@@ -18,11 +18,13 @@ from .. import events, pending, sources
 from ..config import CONFIG
 from ..events import METRICS
 from ..meta import signature
+from ..probe import run_cpu_probe
 from ..record import RECIPES, emit, make_recipe, spec_of
 from ..tensor import TpuTensor, from_concrete, host_to_jax
 from ..transfers import resize, to_cpu
 
 _warned: set[str] = set()
+_UNRECORDED: set = set()  # host signatures whose CPU rehearsal failed: they run at once
 
 
 def _note(func, reason: str) -> None:
@@ -81,6 +83,16 @@ def _try_record(func, args, kwargs, key, tensors, scalars):
     hkey = ("host", key)
     r = RECIPES.get(hkey)
     if r is None:
+        if hkey in _UNRECORDED:
+            return NotImplemented
+        try:
+            # a meta kernel can let through what the CPU kernel refuses (put_'s source size): a
+            # rehearsal on CPU over stand-ins of the real shapes; a call it refuses runs at once,
+            # which raises CPU's error at the user's line (or, if the stand-ins were the trouble, runs)
+            run_cpu_probe(func, args, kwargs, real_only=True)
+        except Exception:  # noqa: BLE001
+            _UNRECORDED.add(hkey)
+            return NotImplemented
         try:
             r = make_recipe(func, spec, key, args, kwargs, low=None, host=True)
         except Exception:  # noqa: BLE001

@@ -12,10 +12,11 @@ import torch
 
 from .. import dtypes, pending, rng
 from ..lowering import LOWERINGS
-from ..meta import cpu_error_instead, needs_cpu_probe, run_cpu_probe, run_meta, signature
+from ..meta import run_meta, signature
+from ..probe import cpu_error_instead, needs_cpu_probe, run_cpu_probe
 from ..record import RECIPES, spec_of
 from ..tensor import TpuTensor, redispatch
-from ..transfers import assign, assign_out, check_no_partial_overlap
+from ..transfers import assign, assign_out, check_no_overlap, check_no_partial_overlap
 from ..variants import InPlace
 from .lowered import route_lowered
 
@@ -32,6 +33,11 @@ def _fill_defaults(fill, args, kwargs):
 
 
 _CHECKED: set = set()  # signatures whose meta kernel has run
+# write one value everywhere: CPU lets them write a view whose elements share memory
+_FILLS = (aten.fill_.Scalar, aten.fill_.Tensor, aten.zero_.default)
+# CPU refuses an input sharing any element with the target, even all of them (`x.index_add_(0, i, x)`)
+_NO_OVERLAP = (aten.scatter_.src, aten.scatter_add_.default, aten.scatter_reduce_.two, aten.index_add_.default,
+               aten.index_copy_.default, aten.put_.default)
 
 
 def route_mutating(func, args, kwargs):
@@ -44,6 +50,8 @@ def route_mutating(func, args, kwargs):
         target = _written(func, writes, args, kwargs) if several else args[0]
         if not several and type(target) is TpuTensor:
             check_no_partial_overlap(target, tensors)
+            if func in _NO_OVERLAP:
+                check_no_overlap(target, tensors[1:])
         if kind.foreach:
             _bump_versions(target)
         r = _INPLACE.get(key)
@@ -70,7 +78,7 @@ def route_mutating(func, args, kwargs):
         if type(target) is not TpuTensor:  # a CPU 0-dim tensor written from a tpu one
             raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
                                f"{target.device} and tpu:0! (while calling {func})")
-        assign(target, result)
+        assign(target, result, "fill" if func in _FILLS else None)
         if not fill:
             _learn_inplace(kind.functional, key, args, kwargs, tensors, scalars, target)
         return target

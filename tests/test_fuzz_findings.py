@@ -1,0 +1,279 @@
+"""Disagreements with CPU PyTorch that the differential fuzzer (tests/fuzz/) found, each fixed at
+its root and checked here in every mode (issue 31)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import deferfuse
+from conftest import MODES, check_all_modes, check_raises_like_cpu
+
+
+@pytest.mark.parametrize("value", [2, -1.5, True, 0.5 + 2j])
+def test_copy_of_a_python_number_fills_like_cpu(value):
+    """`t.copy_(2)` raised AttributeError: 'int' object has no attribute 'shape'."""
+    dtype = torch.complex64 if isinstance(value, complex) else torch.float32
+
+    def run(d):
+        x = torch.zeros(3, dtype=dtype).to(d)
+        y = torch.zeros(2, 3, 3, dtype=torch.float64).to(d)
+        x.copy_(value)
+        y.diagonal(0, 1, 2).copy_(value.real if isinstance(value, complex) else value)  # through a view
+        return x, y
+
+    check_all_modes(run)
+
+
+_BOOL_SUBTRACTIONS = {
+    "sub alpha": lambda x: torch.sub(x, True, alpha=-1),
+    "minus True": lambda x: x - True,
+    "True minus": lambda x: True - x,
+    "sub_": lambda x: x.sub_(False),
+    "rsub": lambda x: torch.rsub(x, True),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("call", sorted(_BOOL_SUBTRACTIONS))
+def test_subtracting_a_python_bool_raises_like_cpu(call, mode):
+    """CPU refuses to subtract a bool; tpu returned a value (the meta kernel does not check)."""
+    check_raises_like_cpu(lambda d: _BOOL_SUBTRACTIONS[call](torch.ones(3).to(d)), mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_adding_a_python_bool_still_works(mode):
+    check_all_modes(lambda d: (torch.ones(3).to(d) + True, torch.mul(torch.ones(3).to(d), True)))
+
+
+@pytest.mark.parametrize("shape", [(), (5,), (2, 3), (2, 3, 2), (0, 3)])
+def test_nonzero_is_column_major_like_cpu(shape):
+    """CPU's nonzero (and argwhere) returns strides (1, n); tpu returned (ndim, 1)."""
+    base = (torch.arange(max(1, torch.Size(shape).numel())) % 3).reshape(-1)[: torch.Size(shape).numel()]
+    x_cpu = base.reshape(shape) if shape else torch.tensor(1)
+    expected = [x_cpu.nonzero(), torch.argwhere(x_cpu)]
+    for mode in MODES:
+        with deferfuse.mode(mode):
+            x = x_cpu.to("tpu")
+            got = [x.nonzero(), torch.argwhere(x)]
+            for g, e in zip(got, expected):
+                assert g.shape == e.shape
+                if e.numel():
+                    assert g.stride() == e.stride(), (mode, g.stride(), e.stride())
+                torch.testing.assert_close(g.cpu(), e)
+            for g, e in zip(x.nonzero(as_tuple=True), x_cpu.nonzero(as_tuple=True)):
+                torch.testing.assert_close(g.cpu(), e)
+
+
+def _index_add_wrong_source(d):
+    x = torch.zeros(3, 2).to(d)
+    x.index_add_(0, torch.tensor([0, 1]).to(d), torch.ones(2, 3).to(d))
+    return x
+
+
+_BAD_SHAPES = {
+    "index_add_ source": _index_add_wrong_source,
+    "index_add source": lambda d: torch.zeros(3, 2).to(d).index_add(0, torch.tensor([0, 1]).to(d), torch.ones(2, 3).to(d)),
+    "index_add 0-dim": lambda d: torch.zeros(()).to(d).index_add(0, torch.tensor([0]).to(d), torch.ones(2).to(d)),
+    "index_put_ value": lambda d: torch.zeros(3, 2).to(d).index_put_((torch.tensor([0, 1]).to(d),),
+                                                                      torch.ones(2, 3).to(d)),
+    "index_put accumulate": lambda d: torch.zeros(3, 2).to(d).index_put_((torch.tensor([0, 1]).to(d),),
+                                                                          torch.ones(2, 3).to(d), accumulate=True),
+    "index_select 2-dim index": lambda d: torch.zeros(3, 2).to(d).index_select(0, torch.zeros(2, 2, dtype=torch.long).to(d)),
+    "put_ source": lambda d: torch.zeros(3, 2).to(d).put_(torch.zeros(2, 2, dtype=torch.long).to(d), torch.ones(3).to(d)),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", sorted(_BAD_SHAPES))
+def test_a_wrong_shape_raises_cpus_error_at_the_call(case, mode):
+    """PyTorch's meta kernels of these ops let the shapes through: DeferAndFuse raised a
+    FlushError at the next flush, Strict and Debug JAX's message. A CPU rehearsal of the call on
+    stand-ins of its real shapes now raises CPU's own error, once per signature."""
+    check_raises_like_cpu(_BAD_SHAPES[case], mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_same_ops_with_the_right_shapes_still_run(mode):
+    def run(d):
+        x = torch.zeros(3, 2).to(d)
+        i = torch.tensor([0, 2]).to(d)
+        x.index_add_(0, i, torch.ones(2, 2).to(d))
+        y = torch.zeros(4).to(d).index_add(0, torch.tensor([3, 3]).to(d), torch.ones(2).to(d))  # the last row
+        z = torch.zeros(3, 2).to(d).index_put_((i,), torch.ones(2).to(d), accumulate=True)
+        w = torch.zeros(3, 2).to(d)
+        w.put_(torch.tensor([5, 0]).to(d), torch.tensor([1.0, 2.0]).to(d))
+        return x, y, z, w, x.index_select(1, torch.tensor([1]).to(d))
+
+    check_all_modes(run)
+
+
+_EMPTY_REDUCTIONS = {
+    "max": lambda x: x.max(),
+    "amax": lambda x: x.amax(),
+    "argmax": lambda x: x.argmax(),
+    "max dim 0": lambda x: x.max(0),
+    "amin dim 0": lambda x: x.amin(0),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("call", sorted(_EMPTY_REDUCTIONS))
+def test_a_reduction_of_nothing_without_identity_raises_like_cpu(call, mode):
+    """XLA has no identity for max of nothing: a FlushError (JAX's zero-size ValueError)."""
+    check_raises_like_cpu(lambda d: _EMPTY_REDUCTIONS[call](torch.zeros(0, 3).to(d)), mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_reductions_of_nothing_with_an_identity_or_a_dim_still_run(mode):
+    check_all_modes(lambda d: (torch.zeros(0, 3).to(d).sum(), torch.zeros(0, 3).to(d).amax(1),
+                               torch.zeros(0, 3).to(d).max(1).values, torch.zeros(0, 3).to(d).prod(0)))
+
+
+def _overlapping(d):
+    return torch.arange(4.0).to(d).as_strided((3, 2), (1, 1))  # elements share memory
+
+
+_FILLS = {
+    "fill_": lambda x: x.fill_(2),
+    "zero_": lambda x: x.zero_(),
+    "setitem number": lambda x: x.__setitem__(Ellipsis, 2.0),
+    "copy_ number": lambda x: x.copy_(-1),
+    "copy_ 0-dim": lambda x: x.copy_(torch.tensor(3.0).to(x.device)),
+    "fill_ unfold": lambda x: x.flatten().unfold(0, 2, 1).fill_(5),
+    "fill_ expanded": lambda x: x[0].expand(3, 2).fill_(5),
+    "zero_ expanded": lambda x: x[1].expand(2, 2).zero_(),
+}
+
+
+@pytest.mark.parametrize("call", sorted(_FILLS))
+def test_a_fill_of_a_view_whose_elements_share_memory_writes_like_cpu(call):
+    """One value written everywhere is well defined where elements alias: CPU writes it (fill_
+    even into an expanded view); tpu refused with 'more than one element ... refers to a single
+    memory location', or failed at the flush."""
+    def run(d):
+        x = _overlapping(d)
+        _FILLS[call](x)
+        return x, x._base if x._base is not None else x
+
+    check_all_modes(run)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_other_writes_into_an_expanded_view_still_raise_like_cpu(mode):
+    check_raises_like_cpu(lambda d: torch.zeros(3).to(d).expand(2, 3).add_(1), mode)
+    check_raises_like_cpu(lambda d: torch.zeros(3).to(d).expand(2, 3).copy_(torch.ones(2, 3).to(d)), mode)
+
+
+def test_index_fill_and_index_copy_of_no_index_into_a_0_dim_tensor_change_nothing():
+    """The 0-dim lowering wrote the value whatever the index: a wrong number, silently."""
+    def run(d):
+        none = torch.tensor([], dtype=torch.int64).to(d)
+        one = torch.tensor([0]).to(d)
+        x = torch.tensor(3.0).to(d)
+        return (x.index_fill(0, none, 0.25), x.index_fill(0, one, 0.25), x.index_copy(0, none, torch.ones(0).to(d)),
+                x.index_copy(0, one, torch.tensor([7.0]).to(d)))
+
+    check_all_modes(run)
+
+
+_BOOL_KERNELS = {
+    "matmul": lambda d: torch.ones(2, 3, dtype=torch.bool).to(d) @ torch.ones(3, dtype=torch.bool).to(d),
+    "mm": lambda d: torch.mm(torch.ones(2, 3, dtype=torch.bool).to(d), torch.ones(3, 2, dtype=torch.bool).to(d)),
+    "arange": lambda d: torch.arange(1, 4, 0.5, dtype=torch.bool, device=d),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("call", sorted(_BOOL_KERNELS))
+def test_ops_cpu_has_no_bool_kernel_for_raise_like_cpu(call, mode):
+    check_raises_like_cpu(_BOOL_KERNELS[call], mode)
+
+
+def test_shifting_a_bool_tensor_gives_cpus_int64_result():
+    """PyTorch's meta kernel refuses a bool shift that CPU's kernel takes: tpu raised."""
+    def run(d):
+        x = torch.tensor([True, False]).to(d)
+        return x << 1, x >> 1, torch.tensor(True).to(d) << 3, 1 << x
+
+    check_all_modes(run)
+
+
+_NO_COMPLEX_KERNEL = {
+    "arange": lambda d: torch.arange(1, 4, 0.5, dtype=torch.complex64, device=d),
+    "xlogy of 1j": lambda d: torch.xlogy(torch.ones(3).to(d), 1j),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("call", sorted(_NO_COMPLEX_KERNEL))
+def test_ops_cpu_has_no_complex_kernel_for_raise_like_cpu(call, mode):
+    check_raises_like_cpu(_NO_COMPLEX_KERNEL[call], mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_composite_op_refused_by_an_inner_op_raises_cpus_error(mode):
+    """stack of a 3-dim and a 2-dim tensor: its expansion's unsqueeze raised IndexError, CPU a
+    RuntimeError naming the sizes."""
+    check_raises_like_cpu(lambda d: torch.stack([torch.zeros(2, 3, 3).to(d), torch.zeros(1, 3).to(d)], -1), mode)
+
+
+def test_one_hot_of_a_transposed_tensor_is_contiguous_like_cpu():
+    x_cpu = torch.tensor([[0, 1, 2], [2, 1, 0]]).t()
+    expected = torch.nn.functional.one_hot(x_cpu, 3)
+    for mode in MODES:
+        with deferfuse.mode(mode):
+            got = torch.nn.functional.one_hot(x_cpu.to("tpu"), 3)
+            assert got.stride() == expected.stride(), mode
+            torch.testing.assert_close(got.cpu(), expected)
+
+
+def test_a_write_into_an_empty_expanded_view_writes_nothing_like_cpu():
+    def run(d):
+        x = torch.zeros(1, 0).to(d)
+        x.expand(2, 0).copy_(torch.ones(2, 0).to(d))
+        return x
+
+    check_all_modes(run)
+
+
+def test_nan_to_num_of_complex_and_bfloat16_like_cpu():
+    """PyTorch's decomposition refused complex inputs (isneginf): RuntimeError where CPU runs."""
+    vals = [float("nan"), float("inf"), -float("inf"), 1.5]
+
+    def run(d):
+        x = torch.tensor(vals).to(d)
+        return (torch.nan_to_num(x.to(torch.complex64) * (1 + 1j)), torch.nan_to_num(x.to(torch.bfloat16)),
+                torch.nan_to_num(x, 1.0, 2.0, -3.0), x.double().nan_to_num_(posinf=5.0))
+
+    check_all_modes(run)
+
+
+_SELF_AS_SOURCE = {
+    "scatter_": lambda x, i: x.scatter_(0, i, x),
+    "scatter_add_": lambda x, i: x.scatter_add_(0, i, x),
+    "scatter_reduce_": lambda x, i: x.scatter_reduce_(0, i, x, "sum"),
+    "index_add_": lambda x, i: x.index_add_(0, i, x),
+    "index_copy_": lambda x, i: x.index_copy_(0, i, x),
+    "put_": lambda x, i: x.put_(i, x),
+    "index_add_ of a part": lambda x, i: x.index_add_(0, i[:2], x[1:]),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("call", sorted(_SELF_AS_SOURCE))
+def test_a_scatter_whose_source_is_its_target_raises_like_cpu(call, mode):
+    """CPU refuses a source sharing elements with the target; tpu computed as if it were cloned."""
+    check_raises_like_cpu(lambda d: _SELF_AS_SOURCE[call](torch.ones(3).to(d), torch.tensor([0, 1, 2]).to(d)), mode)
+
+
+def test_floor_division_of_a_transposed_tensor_keeps_its_layout_like_cpu():
+    """floor_divide's meta kernel returns a contiguous result where CPU's follows its inputs."""
+    a_cpu, b_cpu = torch.arange(9.0).reshape(3, 3).t(), torch.full((3, 3), 2.0)
+    calls = [lambda a, b: a // b, lambda a, b: torch.div(a, b, rounding_mode="floor"),
+             lambda a, b: torch.div(a, b, rounding_mode="trunc"), lambda a, b: a // 2]
+    for mode in MODES:
+        with deferfuse.mode(mode):
+            for call in calls:
+                got, expected = call(a_cpu.to("tpu"), b_cpu.to("tpu")), call(a_cpu, b_cpu)
+                assert got.stride() == expected.stride(), mode
+                torch.testing.assert_close(got.cpu(), expected)

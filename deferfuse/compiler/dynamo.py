@@ -1,0 +1,45 @@
+"""Teaching Dynamo that a tpu tensor is a plain device tensor.
+
+`TpuTensor` overrides `__torch_dispatch__` and is not a traceable wrapper subclass, so Dynamo
+would model it as an arbitrary Python object, break the graph at its first op and trace into
+deferfuse's dispatcher and JAX. Three changes make it an ordinary tensor to Dynamo and
+AOTAutograd, fakeified as a FakeTensor on tpu:0 over PyTorch's meta kernels:
+
+- Dynamo wraps a `TpuTensor` as it wraps `torch.Tensor` (a `TensorVariable`, no subclass type);
+- deferfuse, jax and jaxlib are in Dynamo's skip rules: their frames are never traced;
+- `TpuTensor.__coerce_same_metadata_as_tangent__` (tensor.py) answers AOTAutograd's check of
+  the tangents a compiled backward receives.
+"""
+from __future__ import annotations
+
+from torch._dynamo import trace_rules
+from torch._dynamo.variables import builder
+
+from ..tensor import TpuTensor
+
+SKIPPED = ("deferfuse", "jax", "jaxlib", "ml_dtypes")
+_done = [False]
+
+
+def teach() -> None:
+    if _done[0]:
+        return
+    _done[0] = True
+    for name in SKIPPED:
+        trace_rules.add(name)
+    vb = builder.VariableBuilder
+    type_dispatch = vb._type_dispatch.__func__
+
+    def _type_dispatch(cls):
+        table = type_dispatch(cls)  # cached by Dynamo: the entry is added once per table
+        if TpuTensor not in table:
+            table[TpuTensor] = cls.wrap_tensor
+        return table
+
+    vb._type_dispatch = classmethod(_type_dispatch)
+    infer = builder.infer_subclass_type
+
+    def infer_subclass_type(value):
+        return None if type(value) is TpuTensor else infer(value)
+
+    builder.infer_subclass_type = infer_subclass_type

@@ -9,11 +9,17 @@ AOTAutograd, fakeified as a FakeTensor on tpu:0 over PyTorch's meta kernels:
 - deferfuse, jax and jaxlib are in Dynamo's skip rules: their frames are never traced;
 - `TpuTensor.__coerce_same_metadata_as_tangent__` (tensor.py) answers AOTAutograd's check of
   the tangents a compiled backward receives.
+
+And one for optimizers: Dynamo makes an optimizer whose state is not created yet `capturable`
+(its step counts on the device, so a compiled step is one program without host scalars) for CUDA
+and XPU parameters only; tpu parameters get the same, so the default AdamW/Adam/SGD compile to
+programs that replay.
 """
 from __future__ import annotations
 
 from torch._dynamo import trace_rules
 from torch._dynamo.variables import builder
+from torch._dynamo.variables.optimizer import OptimizerVariable
 
 from ..tensor import TpuTensor
 
@@ -43,3 +49,14 @@ def teach() -> None:
         return None if type(value) is TpuTensor else infer(value)
 
     builder.infer_subclass_type = infer_subclass_type
+    set_capturable = OptimizerVariable._set_capturable
+
+    def _set_capturable(self, tx):
+        for group in self.value.param_groups:
+            params = group.get("params", [])
+            if ("capturable" in group and params and all(type(p) is TpuTensor for p in params)
+                    and not any(p in self.value.state for p in params)):
+                group["capturable"] = True
+        return set_capturable(self, tx)
+
+    OptimizerVariable._set_capturable = _set_capturable

@@ -121,10 +121,13 @@ def record_whole(step: Callable[..., Any], args, cause: Cause):
     CONFIG.max_pending = CONFIG.max_group_ops = 1 << 30
     stream.graph.sources = []
     stream.captured = None
+    g0 = stream.graph
     try:
         with DeferfuseMode("defer_and_fuse"):
             result = step(*args)
             g = stream.graph
+            if g is not g0:  # a flush inside the step started a new graph
+                return result, None, [], None
             if not g.nodes:
                 return result, g, [], None
             pending.flush(cause)

@@ -1,6 +1,7 @@
-"""The `torch_dynamo_backends` entry point: Dynamo loads `tpu` from here and registers it itself."""
+"""The `torch_dynamo_backends` entry point: Dynamo loads `tpu` from here and registers it itself
+(importing the backend module teaches Dynamo about tpu tensors)."""
 from __future__ import annotations
 
-from .backend import dynamo, tpu  # noqa: F401  (importing backend teaches Dynamo about tpu tensors)
+from .backend import tpu
 
-dynamo.teach()
+__all__ = ["tpu"]

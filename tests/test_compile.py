@@ -1,0 +1,192 @@
+"""torch.compile(backend="tpu"): compiled training, graph breaks, recompiles, RNG, the shared cache."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch._dynamo
+import torch.nn.functional as F
+
+import deferfuse
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def _mlp(dropout: float = 0.0):
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.ReLU()]
+    if dropout:
+        layers.append(torch.nn.Dropout(dropout))
+    ref = torch.nn.Sequential(*layers, torch.nn.Linear(32, 1))
+    return copy.deepcopy(ref).to("tpu"), ref
+
+
+def _batches(n):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(16, 8, generator=g), torch.randn(16, 1, generator=g)) for _ in range(n)]
+
+
+def _step(model, opt, x, y):
+    opt.zero_grad()
+    loss = F.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    return loss
+
+
+OPTIMIZERS = {
+    "sgd": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9),
+    # the default AdamW (foreach, not capturable): the compiled step still replays one program
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2),
+}
+
+
+@pytest.mark.parametrize("opt_name", list(OPTIMIZERS))
+def test_mlp_training_matches_cpu_eager(opt_name):
+    m, ref = _mlp()
+    opt, ref_opt = OPTIMIZERS[opt_name](m.parameters()), OPTIMIZERS[opt_name](ref.parameters())
+    ptrs = [p.data_ptr() for p in m.parameters()]
+    step = torch.compile(_step, backend="tpu")
+    compiled_per_step = []
+    for x, y in _batches(6):
+        before = deferfuse.metrics()["programs_compiled"]
+        loss = step(m, opt, x.to("tpu"), y.to("tpu"))
+        compiled_per_step.append(deferfuse.metrics()["programs_compiled"] - before)
+        expected = _step(ref, ref_opt, x, y)
+        torch.testing.assert_close(loss.detach().cpu(), expected.detach(), rtol=1e-5, atol=1e-6)
+    for p, q in zip(m.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-4, atol=1e-6)
+    # updates land in the parameters' own storages, and a warm step compiles nothing
+    assert [p.data_ptr() for p in m.parameters()] == ptrs
+    assert compiled_per_step[-3:] == [0, 0, 0], compiled_per_step
+    assert deferfuse.metrics()["compiled_graphs"] >= 3  # forward, backward, optimizer step
+
+
+def test_item_inside_is_a_graph_break_and_a_sync_point():
+    def f(x):
+        y = (x * 2).sum()
+        if y.item() > 0:
+            return torch.sin(x) + y
+        return torch.cos(x) - y
+
+    cf = torch.compile(f, backend="tpu")
+    for sign in (1.0, -1.0):
+        x = sign * torch.rand(5, 3) + sign * 0.1
+        before = deferfuse.metrics()["host_syncs_by_cause"].get("item", 0)
+        torch.testing.assert_close(cf(x.to("tpu")).cpu(), f(x))
+        # the graph before the break ran as one program; the read is an ordinary host sync
+        assert deferfuse.metrics()["host_syncs_by_cause"].get("item", 0) == before + 1
+    assert sum(torch._dynamo.utils.counters["graph_break"].values()) >= 1
+
+
+def test_recompiles_on_a_new_shape_and_not_on_a_repeated_one():
+    def f(x, w):
+        return torch.tanh(x @ w).sum(0) * 3
+
+    cf = torch.compile(f, backend="tpu", dynamic=False)
+    w = torch.randn(4, 6)
+    compiled = {}
+    for name, rows in [("a", 3), ("a again", 3), ("b", 7), ("b again", 7), ("a third", 3)]:
+        x = torch.randn(rows, 4)
+        before = deferfuse.metrics()["programs_compiled"]
+        torch.testing.assert_close(cf(x.to("tpu"), w.to("tpu")).cpu(), f(x, w), rtol=1e-5, atol=1e-5)
+        compiled[name] = deferfuse.metrics()["programs_compiled"] - before
+    assert compiled["a"] >= 1 and compiled["b"] >= 1, compiled
+    assert compiled["a again"] == compiled["b again"] == compiled["a third"] == 0, compiled
+
+
+def test_dropout_draws_new_keys_every_call_and_matches_strict():
+    def f(x):
+        return F.dropout(x * 2, p=0.5, training=True)
+
+    cf = torch.compile(f, backend="tpu")
+    x = torch.rand(64, 32) + 0.5
+    xt = x.to("tpu")
+    torch.manual_seed(123)
+    compiled = [cf(xt).cpu() for _ in range(3)]
+    torch.manual_seed(123)
+    with deferfuse.mode("strict"):
+        strict = [f(xt).cpu() for _ in range(3)]
+    assert not torch.equal(compiled[1], compiled[2])  # a replay draws fresh keys
+    for c, s in zip(compiled, strict):
+        torch.testing.assert_close(c, s)
+        kept = c != 0
+        torch.testing.assert_close(c[kept], (x * 4)[kept])  # 2x, scaled by 1 / (1 - p)
+
+
+def test_dropout_model_trains():
+    m, ref = _mlp(dropout=0.2)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    step = torch.compile(_step, backend="tpu")
+    losses = [step(m, opt, x.to("tpu"), y.to("tpu")).item() for x, y in _batches(4) * 3]
+    assert all(torch.isfinite(torch.tensor(losses)))
+    # with dropout off the same weights give CPU's outputs
+    m.eval(), ref.load_state_dict({k: v.cpu() for k, v in m.state_dict().items()}), ref.eval()
+    x = torch.randn(10, 8)
+    torch.testing.assert_close(torch.compile(m, backend="tpu")(x.to("tpu")).detach().cpu(), ref(x).detach(),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_pending_defer_and_fuse_work_flushes_before_a_compiled_call():
+    def f(x):
+        return torch.exp(x) + 1
+
+    cf = torch.compile(f, backend="tpu")
+    x = torch.randn(4, 4)
+    cf(x.to("tpu"))  # compiled and recorded outside any mode
+    with deferfuse.mode():
+        xt = x.to("tpu") * 3  # pending
+        before = deferfuse.metrics()["flushes_by_cause"].get("compile_mode_execution", 0)
+        out = cf(xt)
+        after = deferfuse.metrics()["flushes_by_cause"].get("compile_mode_execution", 0)
+    assert after == before + 1
+    torch.testing.assert_close(out.cpu(), f(x * 3))
+
+
+def test_a_compiled_graph_shares_the_cache_with_defer_and_fuse():
+    def f(x):
+        return torch.sin(x) * 2
+
+    x = torch.randn(5, 7)
+    xt = x.to("tpu")  # held in both calls: the same donation pattern, so the same program
+    with deferfuse.mode():
+        f(xt).cpu()  # the same two ops, one flush
+    before = deferfuse.metrics()["programs_compiled"]
+    out = torch.compile(f, backend="tpu")(xt)
+    assert deferfuse.metrics()["programs_compiled"] == before
+    torch.testing.assert_close(out.cpu(), f(x))
+
+
+def test_no_backend_with_tpu_inputs_picks_tpu():
+    def f(x):
+        return torch.relu(x) * x
+
+    x = torch.randn(6)
+    calls = deferfuse.metrics()["compiled_calls"]
+    torch.testing.assert_close(torch.compile(f)(x.to("tpu")).cpu(), f(x))
+    assert deferfuse.metrics()["compiled_calls"] > calls
+
+
+def test_views_of_inputs_alias_and_in_place_updates_land():
+    def f(x, buf):
+        buf.add_(x)  # an in-place update of an input
+        return x[1], buf * 2
+
+    cf = torch.compile(f, backend="tpu")
+    x, buf = torch.randn(3, 4), torch.zeros(3, 4)
+    xt, bt = x.to("tpu"), buf.to("tpu")
+    for _ in range(3):  # recorded, then replayed
+        row, doubled = cf(xt, bt)
+        f(x, buf)
+        torch.testing.assert_close(bt.cpu(), buf)
+        torch.testing.assert_close(doubled.cpu(), buf * 2)
+    xt.mul_(10)  # the returned row is a view of x, as in eager
+    torch.testing.assert_close(row.cpu(), x[1] * 10)

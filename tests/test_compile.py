@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
+import tomllib
 
 import pytest
 import torch
@@ -9,6 +13,7 @@ import torch._dynamo
 import torch.nn.functional as F
 
 import deferfuse
+from conftest import ROOT
 
 
 @pytest.fixture(autouse=True)
@@ -190,3 +195,28 @@ def test_views_of_inputs_alias_and_in_place_updates_land():
         torch.testing.assert_close(doubled.cpu(), buf * 2)
     xt.mul_(10)  # the returned row is a view of x, as in eager
     torch.testing.assert_close(row.cpu(), x[1] * 10)
+
+
+def test_the_entry_point_alone_finds_the_backend(tmp_path):
+    # an installed deferfuse declares backend "tpu" in the torch_dynamo_backends group: a
+    # distribution's metadata on sys.path with the same entry point stands in for it here, and
+    # Dynamo is asked by name, without torch.compile (whose wrapper registers it otherwise)
+    info = tmp_path / "deferfuse_ep-0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: deferfuse-ep\nVersion: 0\n")
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        target = tomllib.load(f)["project"]["entry-points"]["torch_dynamo_backends"]["tpu"]
+    (info / "entry_points.txt").write_text(f"[torch_dynamo_backends]\ntpu = {target}\n")
+    script = (
+        "import torch, deferfuse, torch._dynamo\n"
+        "from torch._dynamo.backends.registry import _COMPILER_FNS\n"
+        "assert 'tpu' not in _COMPILER_FNS\n"
+        "f = torch._dynamo.optimize('tpu')(lambda x: torch.cos(x) * 2)\n"
+        "x = torch.randn(4)\n"
+        "torch.testing.assert_close(f(x.to('tpu')).cpu(), torch.cos(x) * 2)\n"
+        "assert deferfuse.metrics()['compiled_calls'] == 1\n"
+        "print('OK')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, str(tmp_path)]), "DEFERFUSE_CACHE_DIR": ""}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-3000:]

@@ -108,6 +108,26 @@ def test_recompiles_on_a_new_shape_and_not_on_a_repeated_one():
     assert compiled["a again"] == compiled["b again"] == compiled["a third"] == 0, compiled
 
 
+def test_dynamic_shapes_run_one_program_per_shape():
+    def f(x, w):
+        return torch.tanh(x @ w).sum(0) * x.shape[0]
+
+    cf = torch.compile(f, backend="tpu")  # automatic dynamic: the second shape retraces symbolically
+    w = torch.randn(4, 6)
+    compiled = []
+    for rows in (3, 5, 7, 5, 3):
+        x = torch.randn(rows, 4)
+        before = deferfuse.metrics()["programs_compiled"]
+        torch.testing.assert_close(cf(x.to("tpu"), w.to("tpu")).cpu(), f(x, w), rtol=1e-5, atol=1e-5)
+        compiled.append(deferfuse.metrics()["programs_compiled"] - before)
+    assert compiled[3:] == [0, 0], compiled
+    x = torch.randn(6, 4)
+    xt = x.to("tpu")
+    torch._dynamo.mark_dynamic(xt, 0)
+    torch.testing.assert_close(torch.compile(f, backend="tpu")(xt, w.to("tpu")).cpu(), f(x, w), rtol=1e-5,
+                               atol=1e-5)
+
+
 def test_dropout_draws_new_keys_every_call_and_matches_strict():
     def f(x):
         return F.dropout(x * 2, p=0.5, training=True)

@@ -75,6 +75,59 @@ def test_mlp_training_matches_cpu_eager(opt_name):
     assert deferfuse.metrics()["compiled_graphs"] >= 3  # forward, backward, optimizer step
 
 
+class _ConvNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.b1 = torch.nn.BatchNorm2d(8)
+        self.fc = torch.nn.Linear(8 * 4 * 4, 5)
+
+    def forward(self, x):
+        return self.fc(F.max_pool2d(F.relu(self.b1(self.c1(x))), 2).flatten(1))
+
+
+def _train_like_cpu(ref, loss_fn, batches, rtol=1e-4, atol=1e-5):
+    model = copy.deepcopy(ref).to("tpu")
+    opt, ref_opt = (torch.optim.SGD(p, lr=0.05, momentum=0.9) for p in (model.parameters(), ref.parameters()))
+
+    def step(m, o, x, y):
+        o.zero_grad()
+        loss = loss_fn(m(x), y)
+        loss.backward()
+        o.step()
+        return loss
+
+    cstep = torch.compile(step, backend="tpu")
+    for x, y in batches:
+        loss = cstep(model, opt, x.to("tpu"), y.to("tpu"))
+        torch.testing.assert_close(loss.detach().cpu(), step(ref, ref_opt, x, y).detach(), rtol=rtol, atol=atol)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=rtol, atol=atol)
+    for (name, b), rb in zip(model.named_buffers(), ref.buffers()):  # BatchNorm's running statistics
+        torch.testing.assert_close(b.cpu(), rb, rtol=rtol, atol=atol, msg=name)
+
+
+def test_convnet_with_batchnorm_trains_like_cpu():
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(2)
+    batches = [(torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 5, (4,), generator=g)) for _ in range(4)]
+    _train_like_cpu(_ConvNet(), F.cross_entropy, batches)
+
+
+def test_gpt_example_trains_like_cpu():
+    import gpt_train
+
+    torch.manual_seed(0)
+    cfg = gpt_train.GPTConfig(layers=2, seq=16, dim=32, heads=2, vocab=64)
+    data = gpt_train.batches(cfg, 4)
+    batches = [next(data) for _ in range(3)]
+
+    def loss_fn(logits, y):
+        return F.cross_entropy(logits.flatten(0, 1), y.flatten())
+
+    _train_like_cpu(gpt_train.GPT(cfg), loss_fn, batches)
+
+
 def test_item_inside_is_a_graph_break_and_a_sync_point():
     def f(x):
         y = (x * 2).sum()

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 import deferfuse
 from conftest import ROOT
+from deferfuse.report.text import render as render_report
 
 
 @pytest.fixture(autouse=True)
@@ -293,3 +294,20 @@ def test_the_entry_point_alone_finds_the_backend(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, str(tmp_path)]), "DEFERFUSE_CACHE_DIR": ""}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-3000:]
+
+
+def test_the_report_lists_compiled_graphs_and_graph_breaks():
+    def f(x):
+        y = torch.sin(x) * 2
+        if y.sum().item() > 0:  # a graph break: two graphs
+            return y + 1
+        return y - 1
+
+    cf = torch.compile(f, backend="tpu")
+    x = torch.rand(8).to("tpu") + 0.1
+    rep = deferfuse.explain(cf, x)
+    co = rep["compiled"]
+    assert co["graphs"] == 2 and co["calls"] == 2 and co["graph_breaks"] >= 1, co
+    assert [r["graph"] for r in co["recordings"]] == ["inference", "inference"]
+    assert all(r["replays"] and r["where"].startswith(__file__) for r in co["recordings"]), co
+    assert "torch.compile: 2 graphs, 2 compiled calls" in render_report(rep)

@@ -34,6 +34,19 @@ def compile(*args, **kwargs):
     return _compile(*args, **kwargs)
 
 
+_breaks_at_reset = [0]
+
+
+def graph_breaks() -> int:
+    """Dynamo's graph breaks since the last `deferfuse.reset_metrics()` (0 before Dynamo loads)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    return 0 if utils is None else sum(utils.counters["graph_break"].values()) - _breaks_at_reset[0]
+
+
+def reset_graph_breaks() -> None:
+    _breaks_at_reset[0] += graph_breaks()
+
+
 def install() -> None:
     """At `import deferfuse`: wrap torch.compile; register now if Dynamo is already loaded."""
     if torch.compile is _compile:

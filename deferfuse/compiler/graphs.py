@@ -19,7 +19,7 @@ import weakref
 
 import torch
 
-from .. import pending, rng
+from .. import events, pending, rng
 from ..capture import record_whole
 from ..causes import Cause
 from ..events import METRICS
@@ -57,6 +57,8 @@ class CompiledGraph:
         self.gm = gm
         self.kind = kind
         self.replays: dict[tuple, Replay | None] = {}  # signature -> its replay (None: record each call)
+        self.where = _source_of(gm)
+        self.ops = sum(1 for n in gm.graph.nodes if n.op == "call_function")
         METRICS.compiled_graphs += 1
 
     def __call__(self, *args):
@@ -72,12 +74,27 @@ class CompiledGraph:
         if replay is _RECORD:
             replay, out = Replay.record(self.gm, args)
             self.replays[sig] = replay
+            events.emit("compiled_graph", graph=self.kind, ops=self.ops, where=self.where,
+                        signatures=len(self.replays), replays=replay is not None)
             return out
         return replay(args)
 
     def _record_each_call(self, args):
         with DeferfuseMode("defer_and_fuse"):
             return list(self.gm(*args))
+
+
+def _source_of(gm) -> str | None:
+    """The user's line the graph's first traced op came from ("file:line"), if Dynamo noted it."""
+    for node in gm.graph.nodes:
+        trace = node.meta.get("stack_trace")
+        if trace:
+            for line in reversed(trace.strip().splitlines()):
+                line = line.strip()
+                if line.startswith("File "):
+                    path, _, rest = line[len('File "'):].partition('", line ')
+                    return f"{path}:{rest.split(',')[0]}"
+    return None
 
 
 class Replay:

@@ -311,3 +311,24 @@ def test_the_report_lists_compiled_graphs_and_graph_breaks():
     assert [r["graph"] for r in co["recordings"]] == ["inference", "inference"]
     assert all(r["replays"] and r["where"].startswith(__file__) for r in co["recordings"]), co
     assert "torch.compile: 2 graphs, 2 compiled calls" in render_report(rep)
+
+
+@pytest.mark.parametrize("how", ["generate_compiles_itself", "compiled_forward"])
+def test_static_cache_generation_matches_cpu(how):
+    # transformers' generate compiles the forward itself (with Inductor) when the device is not
+    # CPU and the cache is static: on tpu that graph goes to "tpu"; or the user compiles forward
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    ref = LlamaForCausalLM(cfg).eval()
+    model = copy.deepcopy(ref).to("tpu")
+    if how == "compiled_forward":
+        model.forward = torch.compile(model.forward, backend="tpu")
+    ids = torch.tensor([[1, 5, 9, 3]])
+    expected = ref.generate(ids, max_new_tokens=8, do_sample=False, cache_implementation="static")
+    calls = deferfuse.metrics()["compiled_calls"]
+    got = model.generate(ids.to("tpu"), max_new_tokens=8, do_sample=False, cache_implementation="static")
+    assert got.cpu().tolist() == expected.tolist()
+    assert deferfuse.metrics()["compiled_calls"] - calls >= 7  # the decoding steps ran compiled

@@ -134,10 +134,12 @@ class Replay:
                 self.feeds.append((2, captured))
         # the program's outputs: written back into an argument's storage, into another live
         # storage, or a fresh storage of this call's results (slot)
+        written = {id(st) for st, _ in outputs}
         slot_of: dict[int, int] = {}
         for t in result:
-            if type(t) is TpuTensor and id(t._st) not in arg_of:
-                slot_of.setdefault(id(t._st), len(slot_of))
+            st = t._st if type(t) is TpuTensor else None
+            if st is not None and id(st) not in arg_of and (id(st) in written or st.value is None):
+                slot_of.setdefault(id(st), len(slot_of))
         self.into_args = []  # (argument, output index)
         self.into_storages = []  # (storage weakref, output index)
         self.slots = [None] * len(slot_of)  # slot -> (output index, shape, dtype)
@@ -152,7 +154,8 @@ class Replay:
             if s is None:  # a result storage the program does not write (uninitialised memory)
                 st = next(t._st for t in result if type(t) is TpuTensor and slot_of.get(id(t._st)) == k)
                 self.slots[k] = (None, st.shape, st.dtype)
-        # each result: a view of an argument, a view of a fresh storage, or a constant
+        # each result: a view of an argument, of a fresh storage, of a storage the graph holds, or
+        # a non-tensor constant
         self.results = []
         for t in result:
             if type(t) is TpuTensor:
@@ -160,8 +163,10 @@ class Replay:
                 st = t._st
                 if id(st) in arg_of:
                     self.results.append((0, arg_of[id(st)], meta))
-                else:
+                elif id(st) in slot_of:
                     self.results.append((1, slot_of[id(st)], meta))
+                else:  # a storage the program only reads (a constant of the graph): the same one
+                    self.results.append((3, st, meta))
             else:
                 self.results.append((2, t, None))
         self.plan = plan
@@ -186,7 +191,7 @@ class Replay:
             if kind == 2:
                 out.append(where)
                 continue
-            st = args[where]._st if kind == 0 else fresh[where]
+            st = args[where]._st if kind == 0 else fresh[where] if kind == 1 else where
             size, stride, dtype, lid, lay = meta
             out.append(new_tensor(st, size, stride, dtype, lid, lay))
         return out

@@ -50,13 +50,27 @@ def teach() -> None:
 
     builder.infer_subclass_type = infer_subclass_type
     set_capturable = OptimizerVariable._set_capturable
+    init = OptimizerVariable.__init__
 
     def _set_capturable(self, tx):
-        for group in self.value.param_groups:
-            params = group.get("params", [])
-            if ("capturable" in group and params and all(type(p) is TpuTensor for p in params)
-                    and not any(p in self.value.state for p in params)):
-                group["capturable"] = True
+        _capturable_on_tpu(self.value)
         return set_capturable(self, tx)
 
+    def __init__(self, value, *args, **kwargs):
+        # also here: a retrace that reads the groups without asking for `param_groups` first
+        # (a recompile of the step's resume function) must see the flag too
+        _capturable_on_tpu(value)
+        init(self, value, *args, **kwargs)
+
+    OptimizerVariable.__init__ = __init__
     OptimizerVariable._set_capturable = _set_capturable
+
+
+def _capturable_on_tpu(opt) -> None:
+    """Dynamo's rule for CUDA, for tpu: a group of tpu parameters whose state is not created yet
+    becomes capturable (a fused step keeps its own step counts on the device already)."""
+    for group in opt.param_groups:
+        params = group.get("params", [])
+        if ("capturable" in group and not group.get("fused") and params
+                and all(type(p) is TpuTensor for p in params) and not any(p in opt.state for p in params)):
+            group["capturable"] = True

@@ -332,3 +332,16 @@ def test_static_cache_generation_matches_cpu(how):
     got = model.generate(ids.to("tpu"), max_new_tokens=8, do_sample=False, cache_implementation="static")
     assert got.cpu().tolist() == expected.tolist()
     assert deferfuse.metrics()["compiled_calls"] - calls >= 7  # the decoding steps ran compiled
+
+
+def test_one_compiled_step_serves_several_optimizers():
+    # the same compiled code with a foreach, a fused, then another foreach AdamW: the third
+    # retraces the step's resume function, which must see the fresh optimizer as capturable too
+    step = torch.compile(_step, backend="tpu")
+    for fused in (False, True, False):
+        m, ref = _mlp()
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2, fused=fused)
+        ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+        for x, y in _batches(3):
+            loss = step(m, opt, x.to("tpu"), y.to("tpu"))
+            torch.testing.assert_close(loss.detach().cpu(), _step(ref, ref_opt, x, y).detach(), rtol=1e-5, atol=1e-6)

@@ -2,7 +2,7 @@
 
     python -m bench [--reps 5] [--window-ms 500] [--json FILE] [--workloads mlp,gpt]
 
-In-process engines (cpu, strict, debug, defer_and_fuse, jit) are prepared once and then measured
+In-process engines (cpu, strict, debug, defer_and_fuse, jit, compiled) are prepared once and then measured
 A/B interleaved, several repetitions each; the tables quote medians. torchax runs in a process of
 its own (see torchax_runner.py) right after. Peak memory is the process's resident-set high-water
 mark (Linux VmHWM, reset before each measured run) minus its resident set at the start of the
@@ -33,7 +33,7 @@ import torch  # noqa: E402
 import deferfuse  # noqa: E402
 from workloads import WORKLOADS, steps_for  # noqa: E402
 
-IN_PROCESS = ("cpu", "strict", "debug", "defer_and_fuse", "jit")
+IN_PROCESS = ("cpu", "strict", "debug", "defer_and_fuse", "jit", "compiled")
 
 
 # --- memory ----------------------------------------------------------------------------------------

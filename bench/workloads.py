@@ -6,6 +6,9 @@ waits for the device. Engines:
 - strict, debug, defer_and_fuse: deferfuse's modes on "tpu";
 - jit: the same step recorded once with `deferfuse.capture` and replayed as one XLA program
   (deferfuse's own lowering with recording taken out: the limit DeferAndFuse can approach);
+- compiled: `torch.compile(step, backend="tpu")`: Dynamo/AOTAutograd graphs recorded once
+  through deferfuse's lowerings and replayed (forward, backward and optimizer step are separate
+  graphs, with `loss.backward()` a graph break between them);
 - torchax: the peer, in its eager mode (runs in a process of its own, see torchax_runner.py).
 """
 from __future__ import annotations
@@ -22,7 +25,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 
-ENGINES = ("cpu", "strict", "debug", "defer_and_fuse", "jit", "torchax")
+ENGINES = ("cpu", "strict", "debug", "defer_and_fuse", "jit", "compiled", "torchax")
 
 
 def device_of(engine: str) -> str:
@@ -79,8 +82,9 @@ def _sync_for(engine: str, last: list):
     return sync
 
 
-def _make_runner(engine: str, step_fn: Callable[[], object]) -> Runner:
-    """Wrap a step that uses tensors on device_of(engine) into a Runner for that engine."""
+def _make_runner(engine: str, step_fn: Callable[[], object], compile_step: bool = True) -> Runner:
+    """Wrap a step that uses tensors on device_of(engine) into a Runner for that engine (with
+    `compile_step=False` the "compiled" engine runs the step as it is: it compiles a part itself)."""
     last: list = []
     if engine == "jit":
         import deferfuse
@@ -94,6 +98,8 @@ def _make_runner(engine: str, step_fn: Callable[[], object]) -> Runner:
             return cap()
 
         return Runner(step, _sync_for(engine, last))
+    if engine == "compiled" and compile_step:
+        step_fn = torch.compile(step_fn, backend="tpu")
     ctx = _ctx("torchax_aten" if engine == "torchax" else engine)
 
     def step():
@@ -251,6 +257,17 @@ def kv_decode(engine: str, bucket: int = 0, tokens: int = 48) -> Runner:
         x = x + blk.out(F.gelu(blk.fc(blk.ln2(x))))
         return x, new
 
+    def one_token(tok, pos, caches):
+        x = model.tok(tok) + model.pos(torch.full((1,), pos, device=dev, dtype=torch.long))
+        new = []
+        for blk, cache in zip(model.blocks, caches):
+            x, c = attend(blk, x, cache, pos)
+            new.append(c)
+        return model.head(model.ln(x)).argmax(-1), new
+
+    if engine == "compiled":  # the per-token body is the compiled function; the loop stays Python
+        one_token = torch.compile(one_token, backend="tpu")
+
     def generate():
         with torch.no_grad():
             tok = torch.zeros(1, 1, dtype=torch.long, device=dev)
@@ -262,16 +279,13 @@ def kv_decode(engine: str, bucket: int = 0, tokens: int = 48) -> Runner:
                 caches = [None] * len(model.blocks)
             out = []
             for pos in range(tokens):
-                x = model.tok(tok) + model.pos(torch.full((1,), pos, device=dev, dtype=torch.long))
-                for i, blk in enumerate(model.blocks):
-                    x, caches[i] = attend(blk, x, caches[i], pos)
-                tok = model.head(model.ln(x)).argmax(-1)
+                tok, caches = one_token(tok, pos, caches)
                 out.append(tok)
             return torch.cat(out, dim=1)
 
     if engine == "jit":
         raise NotImplementedError("shapes change every token: nothing to capture once")
-    return _make_runner(engine, generate)
+    return _make_runner(engine, generate, compile_step=False)
 
 
 def item_every_step(make: Callable[[str], Runner]) -> Callable[[str], Runner]:

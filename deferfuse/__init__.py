@@ -15,6 +15,7 @@ from . import persistent as _persistent  # noqa: E402
 from . import interrupts as _interrupts  # noqa: E402
 from .api import metrics, reset_metrics, sync  # noqa: E402
 from .capture import capture  # noqa: E402
+from . import compiler as _compiler  # noqa: E402
 from .check import check  # noqa: E402  (the name `check` is the function; `python -m deferfuse.check` still runs)
 from .config import CONFIG  # noqa: E402
 from .pending import FlushError  # noqa: E402
@@ -28,6 +29,7 @@ from .tensor import TpuTensor  # noqa: E402
 _persistent.configure()
 _interrupts.ensure_installed()
 run_backward_here()
+_compiler.install()
 
 __all__ = [
     "mode",

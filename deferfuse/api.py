@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from .causes import Cause
-from . import cache, pending, events, sources
+from . import cache, compiler, pending, events, sources
 
 
 def sync(cause: str = Cause.SYNC, depth: int = 2) -> None:
@@ -22,8 +22,10 @@ def metrics() -> dict[str, Any]:
     out = events.METRICS.as_dict()
     out["pending_nodes"] = pending.pending_count()
     out["cache_entries"] = cache.size()
+    out["graph_breaks"] = compiler.graph_breaks()  # torch.compile's, as Dynamo counts them
     return out
 
 
 def reset_metrics() -> None:
     events.reset()
+    compiler.reset_graph_breaks()

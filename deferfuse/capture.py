@@ -95,26 +95,48 @@ class Captured:
 def capture(step: Callable[..., Any], *args: Any) -> Captured:
     """Record `step(*args)` as one program; see the module docstring for what replays."""
     pending.flush(Cause.CAPTURE)
+    result, g, outputs, plan = record_whole(step, args, Cause.CAPTURE)
+    if g is None:
+        raise RuntimeError("deferfuse.capture: the step flushed before its end (a host read or a CPU "
+                           "fallback inside it); only steps that record as one graph can be captured")
+    if plan is None:
+        raise RuntimeError("deferfuse.capture: the step computes nothing on tpu")
+    if plan.single is None:
+        raise RuntimeError("deferfuse.capture: the step needs several programs (a CPU fallback in it)")
+    return Captured(result, g, outputs, plan, args)
+
+
+def record_whole(step: Callable[..., Any], args, cause: Cause):
+    """Run `step(*args)` in DeferAndFuse with every cut disabled and flush it as one program.
+
+    Returns (result, graph, outputs, plan): `graph.sources` names the storage each program input
+    was read from, `outputs` pairs each storage the flush wrote with its index among the program's
+    outputs, and `plan.single` is the program (None when it needs several). The graph is None when
+    the step flushed before its end (a host read inside it: the step still ran, in pieces), the
+    plan None when it recorded nothing. Nothing may be pending when it is called. Shared by `capture` and the
+    torch.compile backend (deferfuse/compiler), so both run the lowerings and the cache of eager."""
     stream = pending.PENDING
     saved = (stream.period.lookback, CONFIG.max_pending, CONFIG.max_group_ops, CONFIG.fuse_block_ops)
-    stream.period.lookback = CONFIG.fuse_block_ops = 0  # the flush above reset the detector
+    stream.period.lookback = CONFIG.fuse_block_ops = 0  # the flush before this reset the detector
     CONFIG.max_pending = CONFIG.max_group_ops = 1 << 30
     stream.graph.sources = []
     stream.captured = None
+    g0 = stream.graph
     try:
         with DeferfuseMode("defer_and_fuse"):
             result = step(*args)
             g = stream.graph
-            pending.flush(Cause.CAPTURE)
+            if g is not g0:  # a flush inside the step started a new graph
+                return result, None, [], None
+            if not g.nodes:
+                return result, g, [], None
+            pending.flush(cause)
     finally:
         stream.period.lookback, CONFIG.max_pending, CONFIG.max_group_ops, CONFIG.fuse_block_ops = saved
         stream.graph.sources = None
     if stream.captured is None or stream.captured[0] is not g:
-        raise RuntimeError("deferfuse.capture: the step flushed before its end (a host read or a CPU "
-                           "fallback inside it); only steps that record as one graph can be captured")
+        return result, None, [], None
     _, out_refs, outputs, plan = stream.captured
     if plan.single is None:  # the cached plan for this graph cuts it around repetitions
         plan = cache.one_program(g, out_refs)
-    if plan.single is None:
-        raise RuntimeError("deferfuse.capture: the step needs several programs (a CPU fallback in it)")
-    return Captured(result, g, outputs, plan, args)
+    return result, g, outputs, plan

@@ -28,6 +28,10 @@ class Cause(str, Enum):
     MODE_EXIT = "mode_exit"
     MODE_CHANGE = "mode_change"
     CAPTURE = "capture"
+    # torch.compile(backend="tpu"): a compiled graph recorded as one program on its first call,
+    # and DeferAndFuse work still pending when a compiled graph is called
+    COMPILED_GRAPH = "compiled_graph"
+    COMPILE_MODE_EXECUTION = "compile_mode_execution"
     # DeferAndFuse's own cuts of a long recording
     REPEATED_OP = "repeated_op_heuristic"
     SIZE_CAP = "size_cap"
@@ -40,4 +44,4 @@ class Cause(str, Enum):
 # the many ops of one line are different programs, not recompiles of one.
 ONE_OP = frozenset({Cause.STRICT_OP, Cause.DEBUG_OP})
 # A flush that ends a recording context: the period detector starts over after it.
-NEW_GRAPH = frozenset({Cause.MODE_EXIT, Cause.MODE_CHANGE, Cause.CAPTURE})
+NEW_GRAPH = frozenset({Cause.MODE_EXIT, Cause.MODE_CHANGE, Cause.CAPTURE, Cause.COMPILED_GRAPH})

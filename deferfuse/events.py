@@ -47,6 +47,9 @@ class Metrics:
     # XLA compiles that asked the persistent (on-disk) cache, and how many it answered
     persistent_lookups: int = 0
     persistent_hits: int = 0
+    # torch.compile(backend="tpu"): graphs handed to the backend, and calls of compiled graphs
+    compiled_graphs: int = 0
+    compiled_calls: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -77,6 +80,8 @@ class Metrics:
             "host_syncs_by_cause": {str(c): n for c, n in self.host_syncs.items()},
             "persistent_cache_hits": self.persistent_hits,
             "persistent_cache_misses": self.persistent_lookups - self.persistent_hits,
+            "compiled_graphs": self.compiled_graphs,
+            "compiled_calls": self.compiled_calls,
         }
 
 

@@ -10,6 +10,7 @@ import weakref
 
 import jax
 import jax.numpy as jnp
+from torch._C._dynamo.eval_frame import set_eval_frame
 
 from . import cache, events, interrupts, sources, views
 from .causes import NEW_GRAPH, ONE_OP
@@ -183,6 +184,19 @@ def pending_count() -> int:
 
 def flush(cause: str, where=None) -> list:
     """Run everything pending. Returns the storages that received values.
+
+    With Dynamo's frame hook off: a flush inside the eager part of a torch.compile'd function
+    (between graph breaks) would have Dynamo try to compile every frame JAX calls outside the
+    modules it skips (logging's, for one)."""
+    hook = set_eval_frame(None)
+    try:
+        return _flush(cause, where)
+    finally:
+        set_eval_frame(hook)
+
+
+def _flush(cause: str, where=None) -> list:
+    """`flush` itself.
 
     Nothing an exception does here may leave a storage without its value: one that lands before
     the programs have consumed any input (an interrupt during a compile) leaves the work pending

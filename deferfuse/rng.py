@@ -43,6 +43,37 @@ def next_key() -> tuple[int, int]:
     global _counter
     c = _counter
     _counter = c + 1
+    if _marking:
+        return Seed(_seed), Counter(c)
+    return _seed, c
+
+
+# While a compiled graph records (deferfuse/compiler), keys are drawn as the int subclasses below:
+# they mark their places among the graph's scalars, so each replay of the graph's program puts
+# fresh ones there, and dropout draws new values every call, the values Strict draws.
+_marking = False
+
+
+class Seed(int):
+    pass
+
+
+class Counter(int):
+    pass
+
+
+def marking(on: bool) -> int:
+    """Start (or stop) marking drawn keys; returns the counter at that moment."""
+    global _marking
+    _marking = on
+    return _counter
+
+
+def reserve(n: int) -> tuple[int, int]:
+    """(seed, first counter) of n consecutive counters taken from the stream at once."""
+    global _counter
+    c = _counter
+    _counter = c + n
     return _seed, c
 
 

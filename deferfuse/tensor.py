@@ -173,6 +173,11 @@ class TpuTensor(torch.Tensor):
         return torch.Tensor.register_post_accumulate_grad_hook(
             self, backward.guard_hook(hook, backward.tensor_hook_failed))
 
+    def __coerce_same_metadata_as_tangent__(self, expected_metadata, expected_type=None):
+        # AOTAutograd's question to a tensor subclass reaching a compiled backward as a tangent:
+        # to it, a tpu tensor is a plain device tensor (deferfuse/compiler), nothing to coerce
+        return self
+
     def untyped_storage(self) -> torch.UntypedStorage:
         return storage_facade(self._st)
 

@@ -56,6 +56,17 @@ def _summary(m: dict, n_recompiles: int | None) -> dict[str, Any]:
     }
 
 
+def _compiled(graphs: list[dict], m: dict) -> dict[str, Any]:
+    """torch.compile(backend="tpu"): graphs, calls, graph breaks, and each graph as first recorded."""
+    return {
+        "graphs": m.get("compiled_graphs", 0),
+        "calls": m.get("compiled_calls", 0),
+        "graph_breaks": m.get("graph_breaks", 0),
+        "recordings": capped([{"graph": e.get("graph"), "ops": e.get("ops"), "where": e.get("where"),
+                               "signatures": e.get("signatures"), "replays": e.get("replays")} for e in graphs])[0],
+    }
+
+
 def _time(m: dict, wall: float | None) -> dict[str, Any]:
     rec = m.get("record_seconds", 0.0)
     comp = m.get("compile_seconds", 0.0)
@@ -399,6 +410,7 @@ def build(
         "fusion": _fusion(compiles, flushes, metrics, loc),
         "fallbacks": _fallbacks(by_kind["fallback"], metrics, loc),
         "memory": _memory(metrics),
+        "compiled": _compiled(by_kind["compiled_graph"], metrics),
         "programs_by_time": _programs(compiles, flushes, loc),
         "timeline": _timeline(flushes, t0),
         "dag": _dag(by_kind["dag"], compiles, loc),

@@ -171,6 +171,15 @@ def render(rep: dict[str, Any], top: int = 5, color: bool = False) -> str:
     else:
         lines.append(f"{b}CPU fallbacks{r}: none")
 
+    co = rep.get("compiled")
+    if co and (co["graphs"] or co["calls"]):
+        lines.append(f"{b}torch.compile{r}: {co['graphs']} graphs, {co['calls']} compiled calls, "
+                     f"{co['graph_breaks']} graph breaks")
+        rows = [[x["graph"], x["ops"], x["signatures"], "replay" if x["replays"] else "recorded each call",
+                 clip(x.get("where"), 60)] for x in co["recordings"][:top]]
+        if rows:
+            lines += table(["graph", "ATen ops", "signature", "runs as", "first traced op at"], rows)
+
     return "\n".join(lines)
 
 

@@ -1,0 +1,69 @@
+"""The "tpu" backend of torch.compile: AOTAutograd's ATen graphs lowered by deferfuse's recording path.
+
+Importing this module imports torch._dynamo (about a second), so deferfuse loads it on the first
+`torch.compile` call or when Dynamo looks the backend up by name (the `torch_dynamo_backends`
+entry point), never at `import deferfuse`.
+"""
+from __future__ import annotations
+
+import torch
+from torch._dynamo.backends.common import aot_autograd
+from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
+
+from ..target import NAME
+from . import dynamo
+from .graphs import CompiledGraph
+
+dynamo.teach()
+
+
+def _forward(gm, example_inputs):
+    return CompiledGraph(gm, "forward")
+
+
+def _backward(gm, example_inputs):
+    return CompiledGraph(gm, "backward")
+
+
+def _inference(gm, example_inputs):
+    return CompiledGraph(gm, "inference")
+
+
+# In-place updates of inputs stay in an inference graph (an optimizer step, a KV-cache write), so
+# they land in the program, not in copies AOTAutograd would run after it op by op
+_aot = aot_autograd(fw_compiler=_forward, bw_compiler=_backward, inference_compiler=_inference,
+                    keep_inference_input_mutations=True)
+
+
+def tpu(gm: torch.fx.GraphModule, example_inputs, **kwargs):
+    """torch.compile(fn, backend="tpu")."""
+    return _aot(gm, example_inputs, **kwargs)
+
+
+def register() -> None:
+    """Make backend="tpu" known to Dynamo (once; the entry point may have done it already)."""
+    if NAME not in _COMPILER_FNS:
+        register_backend(tpu, NAME)
+    _route_inductor()
+
+
+def on_tpu(example_inputs) -> bool:
+    return any(isinstance(x, torch.Tensor) and x.device.type == NAME for x in example_inputs)
+
+
+def _route_inductor() -> None:
+    """Inductor cannot compile tpu tensors: a graph whose inputs are on tpu goes to "tpu" when
+    Inductor is asked for, by default or by name (transformers' generate compiles a static-cache
+    model with it), as TorchTPU picks its own backend."""
+    wrapper = torch._TorchCompileInductorWrapper
+    if getattr(wrapper.__call__, "_deferfuse", False):
+        return
+    call = wrapper.__call__
+
+    def __call__(self, model_, inputs_):
+        if on_tpu(inputs_):
+            return tpu(model_, inputs_)
+        return call(self, model_, inputs_)
+
+    __call__._deferfuse = True
+    wrapper.__call__ = __call__

@@ -1,0 +1,76 @@
+"""Teaching Dynamo that a tpu tensor is a plain device tensor.
+
+`TpuTensor` overrides `__torch_dispatch__` and is not a traceable wrapper subclass, so Dynamo
+would model it as an arbitrary Python object, break the graph at its first op and trace into
+deferfuse's dispatcher and JAX. Three changes make it an ordinary tensor to Dynamo and
+AOTAutograd, fakeified as a FakeTensor on tpu:0 over PyTorch's meta kernels:
+
+- Dynamo wraps a `TpuTensor` as it wraps `torch.Tensor` (a `TensorVariable`, no subclass type);
+- deferfuse, jax and jaxlib are in Dynamo's skip rules: their frames are never traced;
+- `TpuTensor.__coerce_same_metadata_as_tangent__` (tensor.py) answers AOTAutograd's check of
+  the tangents a compiled backward receives.
+
+And one for optimizers: Dynamo makes an optimizer whose state is not created yet `capturable`
+(its step counts on the device, so a compiled step is one program without host scalars) for CUDA
+and XPU parameters only; tpu parameters get the same, so the default AdamW/Adam/SGD compile to
+programs that replay.
+"""
+from __future__ import annotations
+
+from torch._dynamo import trace_rules
+from torch._dynamo.variables import builder
+from torch._dynamo.variables.optimizer import OptimizerVariable
+
+from ..tensor import TpuTensor
+
+SKIPPED = ("deferfuse", "jax", "jaxlib", "ml_dtypes")
+_done = [False]
+
+
+def teach() -> None:
+    if _done[0]:
+        return
+    _done[0] = True
+    for name in SKIPPED:
+        trace_rules.add(name)
+    vb = builder.VariableBuilder
+    type_dispatch = vb._type_dispatch.__func__
+
+    def _type_dispatch(cls):
+        table = type_dispatch(cls)  # cached by Dynamo: the entry is added once per table
+        if TpuTensor not in table:
+            table[TpuTensor] = cls.wrap_tensor
+        return table
+
+    vb._type_dispatch = classmethod(_type_dispatch)
+    infer = builder.infer_subclass_type
+
+    def infer_subclass_type(value):
+        return None if type(value) is TpuTensor else infer(value)
+
+    builder.infer_subclass_type = infer_subclass_type
+    set_capturable = OptimizerVariable._set_capturable
+    init = OptimizerVariable.__init__
+
+    def _set_capturable(self, tx):
+        _capturable_on_tpu(self.value)
+        return set_capturable(self, tx)
+
+    def __init__(self, value, *args, **kwargs):
+        # also here: a retrace that reads the groups without asking for `param_groups` first
+        # (a recompile of the step's resume function) must see the flag too
+        _capturable_on_tpu(value)
+        init(self, value, *args, **kwargs)
+
+    OptimizerVariable.__init__ = __init__
+    OptimizerVariable._set_capturable = _set_capturable
+
+
+def _capturable_on_tpu(opt) -> None:
+    """Dynamo's rule for CUDA, for tpu: a group of tpu parameters whose state is not created yet
+    becomes capturable (a fused step keeps its own step counts on the device already)."""
+    for group in opt.param_groups:
+        params = group.get("params", [])
+        if ("capturable" in group and not group.get("fused") and params
+                and all(type(p) is TpuTensor for p in params) and not any(p in opt.state for p in params)):
+            group["capturable"] = True

@@ -1,0 +1,243 @@
+"""One AOTAutograd graph (forward, backward or inference) lowered for tpu, and its replays.
+
+The first call with a new input signature runs the ATen graph through deferfuse's own recording
+path (DeferAndFuse with every cut off, as `capture` records a step: `capture.record_whole`), so
+its ops go through the same routes, meta, promotion and lowerings as eager, and the flush through
+the same compile cache: a compiled graph and an identical DeferAndFuse flush are one entry. What
+that flush read and wrote is kept as a `Replay`; later calls with the same signature run the
+program on the new arguments without Python per op: the inputs' current values in, outputs into
+fresh storages or written back into the arguments' storages (in-place updates of parameters and
+optimizer state land where eager puts them), random ops given fresh keys.
+
+A graph that cannot be one program (a host read or a CPU fallback inside it) runs its ops through
+the recording path on every call instead, as DeferAndFuse would.
+"""
+from __future__ import annotations
+
+import time
+import weakref
+
+import torch
+
+from .. import events, pending, rng
+from ..capture import record_whole
+from ..causes import Cause
+from ..events import METRICS
+from ..modes import DeferfuseMode
+from ..tensor import Storage, TpuTensor, new_tensor
+
+_RECORD = object()  # a signature seen for the first time
+
+
+def signature(args) -> tuple:
+    """What a replay depends on besides the arguments' values: each tpu argument's layout and
+    storage shape, which arguments share a storage, and which hold nothing yet; the values of
+    non-tensor arguments; CPU tensors, which only the recording path takes."""
+    sig = []
+    first: dict[int, int] = {}
+    for i, a in enumerate(args):
+        if type(a) is TpuTensor:
+            st = a._st
+            sig.append((a._lid, a._lay, st.shape, first.setdefault(id(st), i), st.value is None))
+        elif isinstance(a, torch.Tensor):
+            sig.append(("cpu", a.dtype, tuple(a.shape)))
+        else:
+            sig.append((type(a), a))
+    return tuple(sig)
+
+
+class CompiledGraph:
+    """The callable AOTAutograd gets for one graph. Boxed (it takes the argument list), though some of
+    AOTAutograd's wrappers hide `_boxed_call` and pass the arguments one by one: both are taken
+    (graph arguments are tensors and numbers, never a list)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, kind: str):
+        # on the instance: Dynamo's `disable` wrapper copies the instance's __dict__, not the class's
+        self._boxed_call = True
+        self.gm = gm
+        self.kind = kind
+        self.replays: dict[tuple, Replay | None] = {}  # signature -> its replay (None: record each call)
+        self.where = _source_of(gm)
+        self.ops = sum(1 for n in gm.graph.nodes if n.op == "call_function")
+        METRICS.compiled_graphs += 1
+
+    def __call__(self, *args):
+        args = list(args[0]) if len(args) == 1 and type(args[0]) is list else list(args)
+        METRICS.compiled_calls += 1
+        if pending.pending_count():
+            # DeferAndFuse work recorded before this call runs first, as its own flush
+            pending.flush(Cause.COMPILE_MODE_EXECUTION)
+        sig = signature(args)
+        replay = self.replays.get(sig, _RECORD)
+        if replay is None:
+            return self._record_each_call(args)
+        if replay is _RECORD:
+            replay, out = Replay.record(self.gm, args)
+            self.replays[sig] = replay
+            events.emit("compiled_graph", graph=self.kind, ops=self.ops, where=self.where,
+                        signatures=len(self.replays), replays=replay is not None)
+            return out
+        return replay(args)
+
+    def _record_each_call(self, args):
+        with DeferfuseMode("defer_and_fuse"):
+            return list(self.gm(*args))
+
+
+def _source_of(gm) -> str | None:
+    """The user's line the graph's first traced op came from ("file:line"), if Dynamo noted it."""
+    for node in gm.graph.nodes:
+        trace = node.meta.get("stack_trace")
+        if trace:
+            for line in reversed(trace.strip().splitlines()):
+                line = line.strip()
+                if line.startswith("File "):
+                    path, _, rest = line[len('File "'):].partition('", line ')
+                    return f"{path}:{rest.split(',')[0]}"
+    return None
+
+
+class Replay:
+    """What one recorded call read and wrote, to run its program again on new arguments."""
+
+    @staticmethod
+    def record(gm, args) -> tuple[Replay | None, list]:
+        if any(isinstance(a, torch.Tensor) and type(a) is not TpuTensor for a in args):
+            # a CPU tensor argument (a step count) is read by value while recording: not replayable
+            with DeferfuseMode("defer_and_fuse"):
+                return None, list(gm(*args))
+        c0 = rng.marking(True)
+        try:
+            result, g, outputs, plan = record_whole(gm, args, Cause.COMPILED_GRAPH)
+        finally:
+            rng.marking(False)
+        result = list(result)
+        if g is None or (plan is not None and plan.single is None):
+            return None, result
+        return Replay(g, outputs, plan, args, result, c0), result
+
+    def __init__(self, g, outputs, plan, args, result, c0):
+        arg_of: dict[int, int] = {}
+        for i, a in enumerate(args):
+            if type(a) is TpuTensor:
+                arg_of.setdefault(id(a._st), i)
+        # per program input: the argument whose storage it is, else a storage read afresh each
+        # call (a constant attribute of the graph), else the recorded array itself
+        self.feeds = []
+        for src, captured in zip(g.sources, g.inputs):
+            st = src()
+            if st is not None and id(st) in arg_of:
+                self.feeds.append((0, arg_of[id(st)]))
+            elif st is not None:
+                self.feeds.append((1, src, captured))
+            else:
+                self.feeds.append((2, captured))
+        # the program's outputs: written back into an argument's storage, into another live
+        # storage, or a fresh storage of this call's results (slot)
+        written = {id(st) for st, _ in outputs}
+        slot_of: dict[int, int] = {}
+        for t in result:
+            st = t._st if type(t) is TpuTensor else None
+            if st is not None and id(st) not in arg_of and (id(st) in written or st.value is None):
+                slot_of.setdefault(id(st), len(slot_of))
+        self.into_args = []  # (argument, output index)
+        self.into_storages = []  # (storage weakref, output index)
+        self.slots = [None] * len(slot_of)  # slot -> (output index, shape, dtype)
+        for st, idx in outputs:
+            if id(st) in arg_of:
+                self.into_args.append((arg_of[id(st)], idx))
+            elif id(st) in slot_of:
+                self.slots[slot_of[id(st)]] = (idx, st.shape, st.dtype)
+            else:
+                self.into_storages.append((weakref.ref(st), idx))
+        for k, s in enumerate(self.slots):
+            if s is None:  # a result storage the program does not write (uninitialised memory)
+                st = next(t._st for t in result if type(t) is TpuTensor and slot_of.get(id(t._st)) == k)
+                self.slots[k] = (None, st.shape, st.dtype)
+        # each result: a view of an argument, of a fresh storage, of a storage the graph holds, or
+        # a non-tensor constant
+        self.results = []
+        for t in result:
+            if type(t) is TpuTensor:
+                meta = (tuple(t.shape), t.stride(), t.dtype, t._lid, t._lay)
+                st = t._st
+                if id(st) in arg_of:
+                    self.results.append((0, arg_of[id(st)], meta))
+                elif id(st) in slot_of:
+                    self.results.append((1, slot_of[id(st)], meta))
+                else:  # a storage the program only reads (a constant of the graph): the same one
+                    self.results.append((3, st, meta))
+            else:
+                self.results.append((2, t, None))
+        self.plan = plan
+        self.scalars = list(g.scalars)
+        # random ops: where their (seed, counter) scalars are, with each counter's place in the call's draws
+        self.keys = [(p, type(s) is rng.Seed, int(s) - c0 if type(s) is rng.Counter else 0)
+                     for p, s in enumerate(self.scalars) if type(s) in (rng.Seed, rng.Counter)]
+        self.draws = 1 + max((d for _, seed, d in self.keys if not seed), default=-1)
+        self.scalars = [int(s) if type(s) in (rng.Seed, rng.Counter) else s for s in self.scalars]
+
+    def __call__(self, args: list) -> list:
+        values = self._run(args) if self.plan is not None else []
+        for i, idx in self.into_args:
+            args[i]._st.set_value(values[idx])
+        for ref, idx in self.into_storages:
+            st = ref()
+            if st is not None:
+                st.set_value(values[idx])
+        fresh = [Storage(None if idx is None else values[idx], shape, dtype) for idx, shape, dtype in self.slots]
+        out = []
+        for kind, where, meta in self.results:
+            if kind == 2:
+                out.append(where)
+                continue
+            st = args[where]._st if kind == 0 else fresh[where] if kind == 1 else where
+            size, stride, dtype, lid, lay = meta
+            out.append(new_tensor(st, size, stride, dtype, lid, lay))
+        return out
+
+    def _run(self, args: list) -> list:
+        inputs = []
+        # storages the call overwrites hand their old value over (st.value cleared), so the
+        # program may donate its buffer to the new value when nothing else holds it
+        handed = []
+        written = {i for i, _ in self.into_args}
+        for feed in self.feeds:
+            if feed[0] == 0:
+                st = args[feed[1]]._st
+                inputs.append(st.value)
+                if feed[1] in written:
+                    handed.append((st, len(inputs) - 1, feed[1]))
+            elif feed[0] == 1:
+                st = feed[1]()
+                inputs.append(feed[2] if st is None or st.value is None else st.value)
+            else:
+                inputs.append(feed[1])
+        for st, _, _ in handed:
+            st.value = None
+        scalars = self.scalars
+        if self.keys:
+            scalars = list(scalars)
+            seed, base = rng.reserve(self.draws)
+            for p, is_seed, d in self.keys:
+                scalars[p] = seed if is_seed else base + d
+        single = self.plan.single
+        variants = single.compiled
+        t0 = time.perf_counter()
+        try:
+            values = single.run(inputs, scalars, lambda: self._replaces(handed))
+        except BaseException:
+            for st, pos, _ in handed:
+                st.value = inputs[pos]
+            raise
+        if single.compiled != variants:  # the first replay compiled the donating variant
+            METRICS.cache_misses += 1
+            METRICS.compile_seconds += time.perf_counter() - t0
+        METRICS.execute_calls += 1
+        pending.track_inflight(values)  # deferfuse.sync() waits for replays like any program
+        return values
+
+    def _replaces(self, handed) -> dict[int, int]:
+        """Input position -> output position of each argument storage the call reads and overwrites."""
+        out_of = dict(self.into_args)
+        return {pos: out_of[i] for _, pos, i in handed}

@@ -84,6 +84,12 @@ class DeferfuseMode(TorchDispatchMode):
         # never traces deferfuse anyway
         return False
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # torch.compile inside a block compiles (Dynamo skips frames under other modes) and its
+        # graphs run through the "tpu" backend, which records them under this block's executor
+        return True
+
     def __init__(self, kind: "str | EagerMode" = EagerMode.DEFER_AND_FUSE):
         super().__init__()
         self.kind = as_mode(kind)

@@ -21,8 +21,8 @@ def needs_cpu_probe(func, low, args, kwargs) -> bool:
     std or softmax; deferfuse returned integer results), index ops given a floating index,
     random ops (their arguments' ranges) and nll_loss given class targets that are not int64;
     any op given or asked for bool (CPU has no bool matmul or arange), and reductions of nothing."""
-    if low is None or low.probe is None:
-        return False
+    if low is None or low.probe is None or func.namespace != "aten":
+        return False  # deferfuse's own ops (sdpa, linear, jax_op) have no CPU kernel to ask
     if kwargs.get("dtype") in _RARE_KERNELS or any(type(a) is TpuTensor and a.dtype is torch.bool or type(a) is complex
                                                    for a in args):
         return True  # CPU has no bool matmul, no complex arange or xlogy (`xlogy(x, 1j)`)

@@ -151,16 +151,15 @@ def test_cpu_fallback_whose_meta_kernel_crashes_runs_at_once(mode):
     assert deferfuse.metrics()["cpu_fallbacks"] == {"deferfuse_test.crooked.default": 1}
 
 
-def test_failed_cpu_fallback_raises_its_own_error_at_the_call():
-    """A CPU-fallback op whose CPU kernel raises: its error is raised at the call (the fallback is
-    rehearsed on CPU before it is recorded, so DeferAndFuse does not defer it to a flush), and
-    values recorded before it stay valid."""
+def test_failed_cpu_fallback_names_its_own_error():
+    """A CPU-fallback op whose CPU kernel raises: the flush error names the op and its error, and
+    values recorded before it stay valid (they were run op by op without tracing the host op)."""
     with pytest.warns(UserWarning, match="deferfuse_test.boom"):
-        with pytest.raises(ValueError, match="the CPU kernel exploded"):
+        with pytest.raises(deferfuse.FlushError, match="deferfuse_test.boom.*ValueError: the CPU kernel exploded"):
             with deferfuse.mode():
                 a = torch.arange(4.0, device="tpu") + 1
-                torch.ops.deferfuse_test.boom(a * 2)
-                raise AssertionError("not raised at the call")
+                b = torch.ops.deferfuse_test.boom(a * 2)
+                b.cpu()
     torch.testing.assert_close(a.cpu(), torch.arange(4.0) + 1)
 
 

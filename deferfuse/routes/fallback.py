@@ -78,6 +78,9 @@ def _sparse(func, x: torch.Tensor):
         "the same values).")
 
 
+_SHAPE_PROBED = (torch.ops.aten.put.default,)
+
+
 def _try_record(func, args, kwargs, key, tensors, scalars):
     spec = spec_of(func)
     hkey = ("host", key)
@@ -86,10 +89,13 @@ def _try_record(func, args, kwargs, key, tensors, scalars):
         if hkey in _UNRECORDED:
             return NotImplemented
         try:
-            # a meta kernel can let through what the CPU kernel refuses (put_'s source size): a
+            # a meta kernel can let through what the CPU kernel refuses (put's source size): a
             # rehearsal on CPU over stand-ins of the real shapes; a call it refuses runs at once,
-            # which raises CPU's error at the user's line (or, if the stand-ins were the trouble, runs)
-            run_cpu_probe(func, args, kwargs, real_only=True)
+            # which raises CPU's error at the user's line (or, if the stand-ins were the trouble, runs).
+            # Only for the ops named: a CPU kernel trusts its inputs, and stand-ins that break its
+            # assumptions (CTC loss's lengths against log_alpha's shape) crash the process
+            if func in _SHAPE_PROBED:
+                run_cpu_probe(func, args, kwargs, real_only=True)
         except Exception:  # noqa: BLE001
             _UNRECORDED.add(hkey)
             return NotImplemented

@@ -50,6 +50,10 @@ class Metrics:
     # torch.compile(backend="tpu"): graphs handed to the backend, and calls of compiled graphs
     compiled_graphs: int = 0
     compiled_calls: int = 0
+    # in-memory compile cache emptied because its executables neared the mapping limit
+    cache_resets: int = 0
+    # torch.distributed on tpu tensors: collectives run, by name
+    collectives: Counter = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -78,6 +82,8 @@ class Metrics:
             "record_seconds": self.record_seconds,
             "max_pending": self.max_pending,
             "host_syncs_by_cause": {str(c): n for c, n in self.host_syncs.items()},
+            "collectives": dict(self.collectives),
+            "cache_resets": self.cache_resets,
             "persistent_cache_hits": self.persistent_hits,
             "persistent_cache_misses": self.persistent_lookups - self.persistent_hits,
             "compiled_graphs": self.compiled_graphs,

@@ -6,8 +6,7 @@ import os
 import sys
 
 # The suite runs with the persistent compile cache off (tests of the cache give it a folder of
-# their own): twice, a worker died in XLA's deserialize_executable reading an entry another
-# worker had written, a crash no single entry reproduces alone (docs/limits.md). Set before
+# their own), so that no test depends on what an earlier run left on disk. Set before
 # `import torch`, whose autoload imports deferfuse and reads the environment.
 os.environ.setdefault("DEFERFUSE_CACHE_DIR", "")
 

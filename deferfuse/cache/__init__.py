@@ -10,14 +10,17 @@ Tier 3 (persistent, across processes) is JAX's own compilation cache (persistent
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any
+
+import jax
 
 from .. import events
 from ..causes import ONE_OP, Cause
 from ..config import CONFIG
 from ..events import METRICS
 from ..graph import OUT_BITS, Graph
-from . import plans, runtime
+from . import plans, pressure, runtime
 from .key import Key, explain_miss, group_key  # noqa: F401  (the cache's API)
 from .plans import Plan, one_program  # noqa: F401
 from .runtime import Compiled, run_single  # noqa: F401
@@ -59,6 +62,7 @@ def execute(g: Graph, out_refs: tuple, cause: str, where, live: list, live_refs:
         plan.hits += 1
     else:
         METRICS.cache_misses += 1
+        _relieve()
         plan = plans.build(g, out_refs, key)
         _PLANS[key] = plan
     why = None
@@ -95,6 +99,29 @@ def execute(g: Graph, out_refs: tuple, cause: str, where, live: list, live_refs:
                         hosts=[s.group.host for s in plan.steps])
             _maybe_snapshot(g, plan)
     return results, plan, hit
+
+
+_WARNED = False
+
+
+def _relieve() -> None:
+    """Empty the in-memory caches when their executables near the process's mapping limit
+    (pressure.py)."""
+    global _WARNED
+    n = pressure.too_many()
+    if n is None:
+        return
+    held = size()
+    clear()
+    jax.clear_caches()
+    METRICS.cache_resets += 1
+    events.emit("cache_reset", mappings=n, plans=held)
+    if not _WARNED:
+        _WARNED = True
+        warnings.warn(f"deferfuse: {held} compiled flush plans held {n} memory mappings, near the process's "
+                      "limit (vm.max_map_count); the in-memory compile cache was emptied and programs in use "
+                      "will compile again. So many programs usually means shapes that keep changing: "
+                      "deferfuse-report's recompile section says which.", stacklevel=2)
 
 
 def run_one(plan: Plan, arrays: list, scalars: list, n_out: int) -> list:

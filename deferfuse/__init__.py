@@ -18,6 +18,7 @@ from .capture import capture  # noqa: E402
 from . import compiler as _compiler  # noqa: E402
 from .check import check  # noqa: E402  (the name `check` is the function; `python -m deferfuse.check` still runs)
 from .config import CONFIG  # noqa: E402
+from . import distributed  # noqa: E402,F401  (registers the "tpu_dist" torch.distributed backend)
 from .pending import FlushError  # noqa: E402
 from .executors.base import EagerMode  # noqa: E402
 from .jax_op import jax_op  # noqa: E402

@@ -32,6 +32,8 @@ class Cause(str, Enum):
     # and DeferAndFuse work still pending when a compiled graph is called
     COMPILED_GRAPH = "compiled_graph"
     COMPILE_MODE_EXECUTION = "compile_mode_execution"
+    # a torch.distributed collective reads the values it sends (as TorchTPU's tpu_dist does)
+    DISTRIBUTED_OP = "distributed_op"
     # DeferAndFuse's own cuts of a long recording
     REPEATED_OP = "repeated_op_heuristic"
     SIZE_CAP = "size_cap"

@@ -50,6 +50,11 @@ def _cache_dir(name: str) -> str | None:
     return None if raw.strip() in ("", "0") else raw
 
 
+def _str(name: str) -> str | None:
+    raw = os.environ.get(name)
+    return raw.strip() or None if raw is not None else None
+
+
 def _set(name: str) -> frozenset[str]:
     raw = os.environ.get(name, "")
     return frozenset(p.strip().lower() for p in raw.split(",") if p.strip())
@@ -111,6 +116,29 @@ class Config:
     fusion_fuel: int | None = field(
         default_factory=lambda: _int("DEFERFUSE_FUSION_FUEL", -1) if "DEFERFUSE_FUSION_FUEL" in os.environ else None
     )
+
+    # --- several processes (cluster.py, distributed/) --------------------------------------
+    # Who this process is, as torchrun (or any launcher following its env:// convention) says.
+    rank: int = field(default_factory=lambda: _int("RANK", 0))
+    world_size: int = field(default_factory=lambda: _int("WORLD_SIZE", 1))
+    local_rank: int = field(default_factory=lambda: _int("LOCAL_RANK", 0))
+    local_world_size: int = field(default_factory=lambda: _int("LOCAL_WORLD_SIZE", 1))
+    master_addr: str | None = field(default_factory=lambda: _str("MASTER_ADDR"))
+    master_port: int = field(default_factory=lambda: _int("MASTER_PORT", 0))
+    # torchrun's agent hosts a store at MASTER_ADDR:MASTER_PORT its workers may join at once;
+    # rank 0 publishes JAX's coordinator address there. The run id and restart count keep a
+    # restarted job from reading an old address.
+    agent_store: bool = field(default_factory=lambda: _flag("TORCHELASTIC_USE_AGENT_STORE", False))
+    run_id: str = field(default_factory=lambda: _str("TORCHELASTIC_RUN_ID") or "")
+    restart_count: int = field(default_factory=lambda: _int("TORCHELASTIC_RESTART_COUNT", 0))
+    # host:port for JAX's coordination service, where the launcher provides no store.
+    coordinator: str | None = field(default_factory=lambda: _str("DEFERFUSE_COORDINATOR"))
+    # Seconds a process waits for its peers (the runtime's start, a heartbeat, a collective's
+    # rendezvous) before it raises; init_process_group(timeout=...) overrides it per group.
+    dist_timeout: int = field(default_factory=lambda: _int("DEFERFUSE_DIST_TIMEOUT", 300))
+    # Ranks meet in the store before each collective (distributed/rendezvous.py), so a dead or
+    # diverged peer is an error naming it rather than a hang; 0 skips the meeting.
+    dist_check: bool = field(default_factory=lambda: _flag("DEFERFUSE_DIST_CHECK", True))
 
 
 CONFIG = Config()

@@ -16,7 +16,7 @@ import torch
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
 from .causes import Cause
-from . import autocast, backward, claims, memory, patches, rng  # noqa: F401  (claims: registered at import)
+from . import autocast, backward, claims, memory, patches, rng, streams  # noqa: F401  (claims: registered at import)
 from .api import sync
 from .backward import STOP
 from .dispatch import dispatch
@@ -142,6 +142,7 @@ def _make_module() -> types.ModuleType:
     mod.current_device = current_device
     mod._is_in_bad_fork = _is_in_bad_fork
     mod.synchronize = synchronize
+    streams.install(mod)  # Stream, Event, current_stream, stream
     mod.get_device_name = get_device_name
     mod.manual_seed = rng.manual_seed
     mod.manual_seed_all = rng.manual_seed

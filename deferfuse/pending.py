@@ -178,6 +178,15 @@ def write_concrete(t: TpuTensor, array) -> None:
 # --- flushing ----------------------------------------------------------------------------------
 
 
+def release(t: TpuTensor) -> None:
+    """Drop t's storage's value (FSDP2's free of a gathered parameter): it reads as zeros until
+    written, as freshly allocated memory; what is pending for it is no longer computed for it."""
+    st = t._st
+    st.value = None
+    st.graph = None
+    st.error = None
+
+
 def pending_count() -> int:
     return len(PENDING.graph.nodes)
 

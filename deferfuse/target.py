@@ -2,8 +2,12 @@
 a `torch.device` names it. A leaf every layer may import; the wiring into PyTorch is install.py."""
 from __future__ import annotations
 
+import functools
+
 import jax
 import torch
+
+from . import cluster
 
 NAME = "tpu"
 
@@ -13,9 +17,13 @@ if torch._C._get_privateuse1_backend_name() != NAME:
     torch.utils.rename_privateuse1_backend(NAME)
 
 
+@functools.cache
 def jax_device() -> jax.Device:
-    """JAX's default device: a TPU where there is one, else GPU, else CPU."""
-    return jax.devices()[0]
+    """This process's device: a TPU where there is one, else GPU, else CPU. The first call starts
+    the multi-process runtime when the launcher asked for one (cluster.py); then the device is
+    this process's own (`jax.devices()[0]` is process 0's)."""
+    cluster.start()
+    return jax.local_devices()[0]
 
 
 def device_index(device) -> int:

@@ -8,7 +8,7 @@ from typing import Any
 
 import jax
 
-from .. import fuser, program
+from .. import cluster, fuser, program
 from ..config import CONFIG
 from ..events import METRICS
 from ..graph import OUT_BITS, Graph
@@ -110,6 +110,7 @@ def _replaces(g: Graph, grp, live, live_refs) -> dict[int, int]:
 
 
 def build(g: Graph, out_refs: tuple, key: Key, block_ops: int | None = None) -> Plan:
+    cluster.start()  # a program that makes its values (torch.zeros) may be the first JAX use
     plan = Plan(key._h)
     nodes = g.nodes
     hosts = [n.op.host for n in nodes]

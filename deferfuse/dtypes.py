@@ -11,6 +11,7 @@ import jax
 jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402
+from jax import lax  # noqa: E402
 import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -65,6 +66,11 @@ def cast(x, jd):
     integer for the narrower types, whose bits are then kept: -1.0 as uint8 is 255 (image code
     relies on it), 200.0 as int8 is -56; NaN, infinities and values past the 32-bit range become
     INT_MIN there, and INT64_MIN for int64."""
+    if x.dtype == jnp.bool_ and jnp.dtype(jd) != jnp.bool_:
+        # XLA's algebraic simplifier rewrites convert(bool) * y as select(bool, y, 0), and
+        # convert(bool) / broadcast(y) likewise: 0 where CPU's 0 * inf and 0 / 0 give NaN. The
+        # barrier hides the convert from that rewrite (fuzzer seed 307: eq(a, False) / b).
+        return lax.optimization_barrier(x.astype(jd))
     if not (jnp.issubdtype(x.dtype, jnp.floating) and jnp.issubdtype(jd, jnp.integer)):
         return x.astype(jd)
     wide = jnp.dtype(jd).itemsize == 8

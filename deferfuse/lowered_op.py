@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from . import rng, views
-from .dtypes import numpy_to_torch, to_jax_dtype, to_torch_dtype, torch_to_numpy
+from .dtypes import cast, numpy_to_torch, to_jax_dtype, to_torch_dtype, torch_to_numpy
 from .graph import Op
 from .lowering.registry import LowerCtx, promotion_dtypes
 from .meta import Placeholder, fill
@@ -139,7 +139,7 @@ def make_lowered_op(func, key, low, tmpl, outs, n_scalars, spec, host=False, met
                     continue
                 if p.kind is Placeholder.TENSOR:
                     if ins[p.index].dtype != jc:
-                        ins[p.index] = ins[p.index].astype(jc)
+                        ins[p.index] = cast(ins[p.index], jc)
                 else:
                     scs[p.index] = jnp.asarray(scs[p.index]).astype(jc)
         args = fill(tmpl[0], ins, scs)

@@ -277,3 +277,22 @@ def test_floor_division_of_a_transposed_tensor_keeps_its_layout_like_cpu():
                 got, expected = call(a_cpu.to("tpu"), b_cpu.to("tpu")), call(a_cpu, b_cpu)
                 assert got.stride() == expected.stride(), mode
                 torch.testing.assert_close(got.cpu(), expected)
+
+
+# Seed 307: XLA rewrites convert(bool) * y as select(bool, y, 0) (and convert(bool) / broadcast(y)
+# through a reciprocal), so a false element times inf, or 0 / 0, gave 0 where CPU gives NaN.
+_BOOL_ARITHMETIC = {
+    "eq(a, False) / b broadcast": lambda d: torch.eq(torch.tensor([[[1., 0, 2], [0, 0, 1], [3, 0, 0]]] * 2, device=d),
+                                                     False) / torch.tensor([True, False], device=d).reshape(2, 1, 1),
+    "bool / bool broadcast": lambda d: torch.zeros(2, 3, dtype=torch.bool, device=d) / torch.zeros(2, 1, dtype=torch.bool,
+                                                                                                   device=d),
+    "bool * inf": lambda d: torch.tensor([True, False], device=d) * torch.full((2,), float("inf"), device=d),
+    "mask.float() * inf": lambda d: torch.tensor([True, False], device=d).float() * torch.tensor([float("inf")], device=d),
+    "mask.float() * nan + 1": lambda d: torch.tensor([False, True], device=d).float() * float("nan") + 1,
+    "mask.float() / zeros broadcast": lambda d: torch.tensor([False, True], device=d).float() / torch.zeros(1, device=d),
+}
+
+
+@pytest.mark.parametrize("case", list(_BOOL_ARITHMETIC))
+def test_arithmetic_on_converted_bools_keeps_cpus_nans(case):
+    check_all_modes(_BOOL_ARITHMETIC[case], equal_nan=True)

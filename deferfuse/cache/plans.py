@@ -8,7 +8,7 @@ from typing import Any
 
 import jax
 
-from .. import cluster, fuser, program
+from .. import cluster, fuser, program, spmd
 from ..config import CONFIG
 from ..events import METRICS
 from ..graph import OUT_BITS, Graph
@@ -181,7 +181,12 @@ def _group_program(g: Graph, grp, scalar_ids, key: tuple | None = None) -> tuple
         layout = program.scalar_layout([g.scalars[i] for i in scalar_ids])
         if layout is not None:
             fn = program.unpacking(fn, layout)
-        entry = _GROUP_PROGRAMS[key] = (jax.jit(fn), layout)
+        ranks = _collective_ranks(g, grp)
+        if ranks is None:
+            entry = _GROUP_PROGRAMS[key] = (jax.jit(fn), layout)
+        else:  # it holds collectives (spmd_safe): the program runs on every process of their group
+            entry = _GROUP_PROGRAMS[key] = (spmd.SpmdProgram(fn, spmd.mesh(ranks), [len(_aval(g, r)[0]) for r in grp.in_refs],
+                                                             [len(_aval(g, r)[0]) for r in grp.out_refs]), layout)
         METRICS.programs_built += 1
     return entry
 
@@ -202,20 +207,29 @@ def _single_program(g: Graph, grp, out_refs: tuple) -> "Compiled":
     return _compiled(g, grp, key, fn, ids, back, None, layout)
 
 
+def _collective_ranks(g: Graph, grp) -> tuple | None:
+    """The processes of the collectives a group holds (their ops' keys name them), or None."""
+    ranks = {g.nodes[i].op.key[2] for i in grp.nodes if g.nodes[i].op.family == "collective"}
+    if len(ranks) > 1:  # distributed/recorded.py flushes before recording on another group
+        raise AssertionError(f"deferfuse: one program holds collectives of several groups: {sorted(ranks)}")
+    return ranks.pop() if ranks else None
+
+
+def _aval(g: Graph, r: int) -> tuple:
+    if r < 0:
+        a = g.inputs[-r - 1]
+        return tuple(a.shape), a.dtype
+    return g.nodes[r >> OUT_BITS].op.out_avals[r & ((1 << OUT_BITS) - 1)]
+
+
 def _compiled(g: Graph, grp, key: tuple, fn, ids, back, expect=None, layout=None) -> "Compiled":
     """A group's program with the (shape, dtype) of its inputs and outputs as the arrays have
     them (the key's input avals name torch dtypes), which decide what may alias what."""
-    nodes = g.nodes
-    mask = (1 << OUT_BITS) - 1
-
-    def aval(r):
-        if r < 0:
-            a = g.inputs[-r - 1]
-            return tuple(a.shape), a.dtype
-        return nodes[r >> OUT_BITS].op.out_avals[r & mask]
-
-    return Compiled(key, fn, ids, back, [aval(r) for r in grp.in_refs], [aval(r) for r in grp.out_refs], expect,
-                    layout)
+    c = Compiled(key, fn, ids, back, [_aval(g, r) for r in grp.in_refs], [_aval(g, r) for r in grp.out_refs], expect,
+                 layout)
+    if isinstance(fn, spmd.SpmdProgram):
+        c.donors = []  # its global arrays are made per call: nothing to donate
+    return c
 
 
 def one_program(g: Graph, out_refs: tuple) -> Plan:

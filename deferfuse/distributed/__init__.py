@@ -9,5 +9,6 @@ to launch on one host and on many.
 from __future__ import annotations
 
 from .backend import BACKEND, TpuProcessGroup
+from .region import spmd_safe
 
-__all__ = ["BACKEND", "TpuProcessGroup"]
+__all__ = ["BACKEND", "TpuProcessGroup", "spmd_safe"]

@@ -23,12 +23,12 @@ from torch._C._distributed_c10d import (AllgatherOptions, AllreduceOptions, AllT
                                         _create_work_from_future)
 from torch.futures import Future
 
-from .. import cluster, pending, sources
+from .. import cluster, pending, sources, spmd
 from ..causes import Cause
 from ..config import CONFIG
 from ..target import NAME, jax_device
 from ..tensor import from_concrete
-from . import collectives, fsdp
+from . import collectives, fsdp, region
 from .rendezvous import Rendezvous
 
 BACKEND = "tpu_dist"
@@ -80,7 +80,10 @@ class TpuProcessGroup(dist.ProcessGroup):
     # --- the steps every collective takes ----------------------------------------------------
 
     def _run(self, kind: str, what: str, flat: torch.Tensor, ranks=None, meet=None, **attrs) -> torch.Tensor:
-        """Meet, then run collective `kind` on this rank's flat tpu tensor; the result, flat."""
+        """Meet, then run collective `kind` on this rank's flat tpu tensor; the result, flat.
+        Inside `spmd_safe()` (DeferAndFuse), record it instead (region.py)."""
+        if region.active():
+            return region.record(kind, ranks or self._ranks, flat, attrs)
         local = pending.concrete(flat, Cause.DISTRIBUTED_OP, sources.user_frame())
         if CONFIG.dist_check:
             (meet or self._meet).meet(what)
@@ -255,7 +258,7 @@ def _check_reduce(op: str, dtype: torch.dtype) -> None:
     """What gloo refuses, refused alike (an integer average has no one meaning: floor or trunc)."""
     if op == "AVG" and not (dtype.is_floating_point or dtype.is_complex):
         raise RuntimeError(f"deferfuse tpu_dist: ReduceOp.AVG needs a floating point tensor, got {dtype}")
-    if op in collectives.BITWISE and (dtype.is_floating_point or dtype.is_complex):
+    if op in spmd.BITWISE and (dtype.is_floating_point or dtype.is_complex):
         raise RuntimeError(f"deferfuse tpu_dist: ReduceOp.{op} needs an integer or bool tensor, got {dtype}")
     if op in ("MIN", "MAX") and dtype.is_complex:
         raise RuntimeError(f"deferfuse tpu_dist: ReduceOp.{op} is not defined for complex tensors ({dtype})")

@@ -5,6 +5,7 @@ process (gloo on CPU tensors, or one process on the whole batch on CPU).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -143,14 +144,20 @@ def ddp(out: str, mode: str) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     losses, ref_losses, grads = [], [], []
-    for step in range(3):
+    # "spmd_safe": DeferAndFuse with the collectives recorded into the step (no mid-step reads)
+    spmd = mode == "spmd_safe"
+    for step in range(4):
+        if step == 2:  # steady state: DDP has rebuilt its buckets (a host read) in step 1
+            deferfuse.reset_metrics()
         g = torch.Generator().manual_seed(step)
         x, y = torch.randn(8 * n, 8, generator=g), torch.randn(8 * n, 4, generator=g)
         mine = slice(8 * rank, 8 * rank + 8)
-        with deferfuse.mode(mode):
+        with deferfuse.mode("defer_and_fuse" if spmd else mode), \
+                deferfuse.distributed.spmd_safe() if spmd else contextlib.nullcontext():
             loss = torch.nn.functional.mse_loss(model(x[mine].to("tpu")), y[mine].to("tpu"))
             loss.backward()
-            grads.append([p.grad.cpu() for p in model.parameters()])
+            if not spmd:
+                grads.append([p.grad.cpu() for p in model.parameters()])
             opt.step()
             opt.zero_grad()
             losses.append(loss.item())
@@ -159,9 +166,10 @@ def ddp(out: str, mode: str) -> None:
         ref_opt.step()
         ref_opt.zero_grad()
         ref_losses.append(ref_loss.item())
+    metrics = deferfuse.metrics()  # the steps' own, before the reads below
     torch.save({"grads": grads, "params": [p.detach().cpu() for p in model.parameters()],
                 "ref_params": [p.detach() for p in ref.parameters()], "losses": losses,
-                "metrics": deferfuse.metrics()}, os.path.join(out, f"rank{rank}.pt"))
+                "metrics": metrics}, os.path.join(out, f"rank{rank}.pt"))
     dist.destroy_process_group()
 
 

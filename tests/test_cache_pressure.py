@@ -14,6 +14,7 @@ def tight_limit(monkeypatch):
     """A mapping limit just above what the process holds now, checked at every miss."""
     now = pressure.mappings()
     monkeypatch.setattr(pressure, "_EVERY", 1)
+    monkeypatch.setattr(deferfuse.cache, "_WARNED", False)  # the warning comes once per process
     monkeypatch.setattr(pressure, "_limit", lambda: int((now + 40) / pressure._FRACTION))
 
 

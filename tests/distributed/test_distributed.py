@@ -129,3 +129,24 @@ def test_ranks_that_diverge_both_raise_naming_what_each_called(tmp_path):
         message = (tmp_path / f"rank{r}.txt").read_text()
         assert "diverged at collective #1" in message
         assert "rank 0: all_reduce op=SUM float32[4]; rank 1: broadcast root=0 float32[4]" in message
+
+
+def _losses(log: str) -> list[float]:
+    return [float(line.split("loss")[1].split()[0]) for line in log.splitlines() if line.startswith("step ")]
+
+
+@pytest.mark.parametrize("script", ["ddp_train.py", "fsdp_train.py"])
+def test_the_examples_train_like_gloo_on_cpu(tmp_path, script):
+    """The distributed examples, as the README launches them: tpu in DeferAndFuse against the same
+    script on CPU tensors over gloo."""
+    path = os.path.join(os.path.dirname(os.path.dirname(HERE)), "examples", script)
+    got = {}
+    for mode in ("cpu", "defer_and_fuse"):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", path,
+               "--mode", mode, "--steps", "4", "--layers", "1", "--dim", "64", "--log-every", "1"]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "DEFERFUSE_CACHE_DIR": "", "OMP_NUM_THREADS": "1"})
+        assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+        got[mode] = _losses(p.stdout)
+    assert len(got["cpu"]) == 4
+    torch.testing.assert_close(got["defer_and_fuse"], got["cpu"], rtol=2e-3, atol=2e-3)

@@ -29,11 +29,14 @@ def train(wrap: str, mode: str, steps: int, cfg: GPTConfig, batch: int, log_ever
     if wrap == "ddp":
         model = torch.nn.parallel.DistributedDataParallel(model)
     else:
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
+        # the mesh names the device type: FSDP2's default would be the accelerator even for --mode cpu
+        mesh = init_device_mesh(device, (dist.get_world_size(),))
         for block in model.blocks:
-            fully_shard(block)
-        fully_shard(model)
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
 
     def loss_of(logits, y):

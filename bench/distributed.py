@@ -88,8 +88,10 @@ def _worker(args) -> None:
         region = deferfuse.distributed.spmd_safe() if spmd else contextlib.nullcontext()
         windows = []
         with ctx, region:
-            for _ in range(3):  # warm-up: every program compiled
-                step().item()
+            for _ in range(2):  # warm-up: two windows as measured below, every program compiled
+                for _ in range(args.steps):
+                    loss = step()
+                loss.item()
             deferfuse.reset_metrics()
             for _ in range(args.windows):
                 dist.barrier()

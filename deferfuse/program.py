@@ -12,6 +12,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .graph import OUT_BITS, Node
+from .spmd import AllReduce, all_reduce_many
 
 try:  # the one way to make a weakly typed value inside a trace, as JAX makes a Python number
     from jax._src.lax.lax import _convert_element_type
@@ -41,8 +42,23 @@ def build(
 
     def fn(inputs, scalars):
         env = dict(zip(in_refs, inputs))
+        # all-reduces recorded in spmd_safe() wait here until a later node reads one of them (or
+        # the end), then run as one (spmd.all_reduce_many): one collective launch, not one per bucket
+        held: dict[int, tuple] = {}
+
+        def settle():
+            refs = list(held)
+            outs = all_reduce_many([held[r][0] for r in refs], [held[r][1] for r in refs])
+            env.update(zip(refs, outs))
+            held.clear()
+
         for i, node in steps:
             op = node.op
+            if held and any(r in held for r in node.inputs):
+                settle()
+            if type(op.fn) is AllReduce:
+                held[i << OUT_BITS] = (op.fn, env[node.inputs[0]])
+                continue
             ins = [env[r] for r in node.inputs]
             n = op.n_scalars
             if n:
@@ -57,6 +73,8 @@ def build(
             base = i << OUT_BITS
             for k, o in enumerate(outs):
                 env[base | k] = o
+        if held:
+            settle()
         return [env[r] for r in out_refs]
 
     return fn

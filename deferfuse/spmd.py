@@ -99,6 +99,36 @@ def body(kind: str, n: int, attrs: dict) -> Callable:
     raise ValueError(f"deferfuse: unknown collective {kind!r}")
 
 
+class AllReduce:
+    """A recorded all-reduce's trace-time body, which program.py may combine with the others of
+    its program: DDP's buckets, reduced one by one, cost a collective launch each (on our CPUs
+    each launch costs more than a MiB of payload), so the program reduces them as one array
+    where they are all ready before any is used."""
+
+    def __init__(self, op: str, n: int):
+        self.op = op
+        self.n = n
+
+    def __call__(self, ins, scs):
+        return [reduce_block(ins[0], self.op, self.n)]
+
+
+def all_reduce_many(reductions: list, blocks: list) -> list:
+    """Every (AllReduce, flat block) pair reduced, those of one reduction and dtype as one."""
+    by: dict[tuple, list[int]] = {}
+    for k, (r, x) in enumerate(zip(reductions, blocks)):
+        by.setdefault((r.op, x.dtype), []).append(k)
+    out = [None] * len(blocks)
+    for (op, _), ks in by.items():
+        xs = [blocks[k] for k in ks]
+        whole = reduce_block(jnp.concatenate(xs) if len(xs) > 1 else xs[0], op, reductions[ks[0]].n)
+        at = 0
+        for k, x in zip(ks, xs):
+            out[k] = whole[at:at + x.shape[0]]
+            at += x.shape[0]
+    return out
+
+
 def out_length(kind: str, n: int, m: int) -> int:
     """The flat length of a collective's result on each rank, for a flat input of m."""
     if kind == "all_gather":
@@ -133,7 +163,10 @@ class SpmdProgram:
             outs = fn(ins, scalars)
             return [o.reshape(1) if nd == 0 else o for o, nd in zip(outs, out_ndims)]
 
-        self.jitted = jax.jit(jax.shard_map(blocks, mesh=m, in_specs=(P(AXIS), P()), out_specs=P(AXIS)))
+        # check_vma off: the lowerings are ordinary JAX written for one device (a jax.vjp among
+        # them), which mixes values that vary across ranks with ones made in the program
+        self.jitted = jax.jit(jax.shard_map(blocks, mesh=m, in_specs=(P(AXIS), P()), out_specs=P(AXIS),
+                                            check_vma=False))
         self.__wrapped__ = None  # no donating variants (cache/runtime.py)
 
     def __call__(self, inputs, scalars):

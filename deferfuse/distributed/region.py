@@ -58,9 +58,14 @@ def record(kind: str, ranks: tuple, flat: torch.Tensor, attrs: dict) -> torch.Te
     key = ("collective", kind, ranks, m, dtype, tuple(sorted(attrs.items())))
 
     def make() -> Op:
-        block = spmd.body(kind, n, attrs)
-        return Op(key, f"tpu_dist.{kind}", lambda ins, scs: [block(ins[0])], [((out_m,), to_jax_dtype(dtype))], 0,
-                  family="collective")
+        if kind == "all_reduce":  # program.py combines the all-reduces of a program
+            fn = spmd.AllReduce(attrs["op"], n)
+        else:
+            block = spmd.body(kind, n, attrs)
+
+            def fn(ins, scs):
+                return [block(ins[0])]
+        return Op(key, f"tpu_dist.{kind}", fn, [((out_m,), to_jax_dtype(dtype))], 0, family="collective")
 
     g, ref = pending.record(Op.intern(key, make), [flat], None)
     _LAST = (g, ranks)

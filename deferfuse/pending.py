@@ -313,6 +313,13 @@ def _recover(g: Graph, live: list, exc: Exception, cause: str, where) -> None:
         if any(r in bad for r in node.inputs):
             bad.update(base | k for k in range(len(node.op.out_avals)))
             continue
+        if node.op.family == "collective":
+            # spmd_safe's collectives run only inside their program, on every rank at once: alone
+            # here they would fail for that reason and hide the program's own error
+            bad.update(base | k for k in range(len(node.op.out_avals)))
+            if failed is None:
+                failed = (node, exc)
+            continue
         try:
             ins = [values[r] for r in node.inputs]
             scs = g.scalars[node.scalar_lo : node.scalar_lo + node.op.n_scalars]

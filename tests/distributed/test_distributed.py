@@ -121,6 +121,13 @@ def test_a_stuck_peer_is_an_error_naming_the_collective_and_the_rank(tmp_path):
     assert value == "[2.0, 2.0, 2.0, 2.0]"  # the tensor is as the first all-reduce left it
 
 
+def test_a_rank_that_raises_mid_step_ends_the_job_promptly_with_its_error(tmp_path):
+    rc, log, seconds = launch("raises_mid_step", tmp_path, "defer_and_fuse", timeout=120)
+    assert rc != 0
+    assert seconds < 45, f"the job took {seconds:.0f} s to end after rank 1 raised"
+    assert "ValueError: rank 1 fails mid-step" in log
+
+
 def test_ranks_that_diverge_both_raise_naming_what_each_called(tmp_path):
     rc, log, seconds = launch("diverged", tmp_path, timeout=120)
     assert rc != 0

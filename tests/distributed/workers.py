@@ -268,6 +268,19 @@ def stuck_peer(out: str, mode: str) -> None:
         raise
 
 
+def raises_mid_step(out: str, mode: str) -> None:
+    """Rank 1 raises between two all-reduces of a DDP-like step: the job must end promptly
+    with rank 1's error, and rank 0 must not hang in its all-reduce."""
+    dist.init_process_group(timeout=timedelta(seconds=10))
+    rank = dist.get_rank()
+    t = torch.ones(4, device="tpu")
+    with deferfuse.mode(mode):
+        dist.all_reduce(t)
+        if rank == 1:
+            raise ValueError("rank 1 fails mid-step")
+        dist.all_reduce(t)
+
+
 def diverged(out: str, mode: str) -> None:
     """Rank 0 all-reduces while rank 1 broadcasts: both ranks raise, naming what each called."""
     dist.init_process_group(timeout=timedelta(seconds=20))

@@ -133,8 +133,8 @@ class Config:
     restart_count: int = field(default_factory=lambda: _int("TORCHELASTIC_RESTART_COUNT", 0))
     # host:port for JAX's coordination service, where the launcher provides no store.
     coordinator: str | None = field(default_factory=lambda: _str("DEFERFUSE_COORDINATOR"))
-    # Seconds a process waits for its peers (the runtime's start, a heartbeat, a collective's
-    # rendezvous) before it raises; init_process_group(timeout=...) overrides it per group.
+    # Seconds a process waits for its peers at the runtime's start, and JAX's heartbeat timeout
+    # (a collective's rendezvous waits for the group's init_process_group(timeout=...)).
     dist_timeout: int = field(default_factory=lambda: _int("DEFERFUSE_DIST_TIMEOUT", 300))
     # Ranks meet in the store before each collective (distributed/rendezvous.py), so a dead or
     # diverged peer is an error naming it rather than a hang; 0 skips the meeting.

@@ -24,9 +24,6 @@ from .. import events, spmd
 from ..causes import Cause
 from ..events import METRICS
 
-REDUCE_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", *spmd.BITWISE)
-
-
 _PROGRAMS: dict[tuple, Callable] = {}
 
 
@@ -55,7 +52,3 @@ def run(kind: str, ranks: tuple[int, ...], local: jax.Array, **attrs) -> jax.Arr
     METRICS.collectives[kind] += 1
     out = fn(spmd.to_global(m, local))
     return out.addressable_shards[0].data
-
-
-def clear() -> None:
-    _PROGRAMS.clear()

@@ -6,6 +6,7 @@ process (gloo on CPU tensors, or one process on the whole batch on CPU).
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import sys
 import time
@@ -130,6 +131,26 @@ def collectives(out: str, mode: str) -> None:
     dist.destroy_process_group()
 
 
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Linear(32, 32), torch.nn.GELU(),
+                               torch.nn.Linear(32, 4))
+
+
+def _batch(step: int, rank: int, n: int):
+    """Step `step`'s whole batch (x, y) and this rank's slice of it."""
+    g = torch.Generator().manual_seed(step)
+    x, y = torch.randn(8 * n, 8, generator=g), torch.randn(8 * n, 4, generator=g)
+    return x, y, slice(8 * rank, 8 * rank + 8)
+
+
+def _reference_step(ref: torch.nn.Module, opt: torch.optim.Optimizer, x, y) -> None:
+    """The oracle's step: one CPU process on the whole batch."""
+    torch.nn.functional.mse_loss(ref(x), y).backward()
+    opt.step()
+    opt.zero_grad()
+
+
 def ddp(out: str, mode: str) -> None:
     """DDP on the MLP: each rank trains on its half of each batch; the oracle is one CPU process
     on the whole batch."""
@@ -137,21 +158,17 @@ def ddp(out: str, mode: str) -> None:
 
     dist.init_process_group()
     rank, n = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(0)
-    ref = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Linear(32, 32), torch.nn.GELU(),
-                              torch.nn.Linear(32, 4))
-    model = DDP(__import__("copy").deepcopy(ref).to("tpu"), bucket_cap_mb=0.001)  # several buckets
+    ref = _mlp()
+    model = DDP(copy.deepcopy(ref).to("tpu"), bucket_cap_mb=0.001)  # several buckets
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
-    losses, ref_losses, grads = [], [], []
+    losses, grads = [], []
     # "spmd_safe": DeferAndFuse with the collectives recorded into the step (no mid-step reads)
     spmd = mode == "spmd_safe"
     for step in range(4):
         if step == 2:  # steady state: DDP has rebuilt its buckets (a host read) in step 1
             deferfuse.reset_metrics()
-        g = torch.Generator().manual_seed(step)
-        x, y = torch.randn(8 * n, 8, generator=g), torch.randn(8 * n, 4, generator=g)
-        mine = slice(8 * rank, 8 * rank + 8)
+        x, y, mine = _batch(step, rank, n)
         with deferfuse.mode("defer_and_fuse" if spmd else mode), \
                 deferfuse.distributed.spmd_safe() if spmd else contextlib.nullcontext():
             loss = torch.nn.functional.mse_loss(model(x[mine].to("tpu")), y[mine].to("tpu"))
@@ -161,11 +178,7 @@ def ddp(out: str, mode: str) -> None:
             opt.step()
             opt.zero_grad()
             losses.append(loss.item())
-        ref_loss = torch.nn.functional.mse_loss(ref(x), y)
-        ref_loss.backward()
-        ref_opt.step()
-        ref_opt.zero_grad()
-        ref_losses.append(ref_loss.item())
+        _reference_step(ref, ref_opt, x, y)
     metrics = deferfuse.metrics()  # the steps' own, before the reads below
     torch.save({"grads": grads, "params": [p.detach().cpu() for p in model.parameters()],
                 "ref_params": [p.detach() for p in ref.parameters()], "losses": losses,
@@ -173,17 +186,9 @@ def ddp(out: str, mode: str) -> None:
     dist.destroy_process_group()
 
 
-def _mlp() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Linear(32, 32), torch.nn.GELU(),
-                               torch.nn.Linear(32, 4))
-
-
 def fsdp(out: str, mode: str) -> None:
     """FSDP2 (`fully_shard` per layer and at the root), 3 AdamW steps; the oracle is one CPU
     process on the whole batch."""
-    import copy
-
     from torch.distributed.fsdp import fully_shard
 
     dist.init_process_group()
@@ -198,19 +203,14 @@ def fsdp(out: str, mode: str) -> None:
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     losses = []
     for step in range(3):
-        g = torch.Generator().manual_seed(step)
-        x, y = torch.randn(8 * n, 8, generator=g), torch.randn(8 * n, 4, generator=g)
-        mine = slice(8 * rank, 8 * rank + 8)
+        x, y, mine = _batch(step, rank, n)
         with deferfuse.mode(mode):
             loss = torch.nn.functional.mse_loss(model(x[mine].to("tpu")), y[mine].to("tpu"))
             loss.backward()
             opt.step()
             opt.zero_grad()
             losses.append(loss.item())
-        ref_loss = torch.nn.functional.mse_loss(ref(x), y)
-        ref_loss.backward()
-        ref_opt.step()
-        ref_opt.zero_grad()
+        _reference_step(ref, ref_opt, x, y)
     full = [p.full_tensor().cpu() for p in model.parameters()]
     torch.save({"params": full, "ref_params": [p.detach() for p in ref.parameters()], "losses": losses,
                 "types": [type(p).__name__ for p in model.parameters()]}, os.path.join(out, f"rank{rank}.pt"))

@@ -15,6 +15,7 @@ Strict and Debug run collectives one by one inside it too.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Iterator
 
 import torch
@@ -28,7 +29,9 @@ from ..graph import Op
 from ..target import NAME
 
 _DEPTH = 0
-_LAST: tuple = (None, None)  # (pending graph, the ranks of the collectives recorded in it)
+# (the pending graph, weakly: holding it would keep a flushed graph's inputs alive; the ranks of
+# the collectives recorded in it)
+_LAST: tuple = (lambda: None, None)
 
 
 @contextlib.contextmanager
@@ -50,7 +53,7 @@ def record(kind: str, ranks: tuple, flat: torch.Tensor, attrs: dict) -> torch.Te
     """Record collective `kind` over `ranks` on a flat tpu tensor; its (pending) flat result."""
     global _LAST
     g = pending.PENDING.graph
-    if _LAST[0] is g and _LAST[1] != ranks:
+    if _LAST[0]() is g and _LAST[1] != ranks:
         # one program runs on one group's processes: another group's collective starts a new one
         pending.flush(Cause.DISTRIBUTED_OP)
     n, m, dtype = len(ranks), flat.numel(), flat.dtype
@@ -68,7 +71,7 @@ def record(kind: str, ranks: tuple, flat: torch.Tensor, attrs: dict) -> torch.Te
         return Op(key, f"tpu_dist.{kind}", fn, [((out_m,), to_jax_dtype(dtype))], 0, family="collective")
 
     g, ref = pending.record(Op.intern(key, make), [flat], None)
-    _LAST = (g, ranks)
+    _LAST = (weakref.ref(g), ranks)
     out = torch.empty(out_m, dtype=dtype, device=NAME)
     pending.write(out, ref, g)
     METRICS.collectives[kind] += 1

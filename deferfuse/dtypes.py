@@ -71,6 +71,10 @@ def cast(x, jd):
         # convert(bool) / broadcast(y) likewise: 0 where CPU's 0 * inf and 0 / 0 give NaN. The
         # barrier hides the convert from that rewrite (fuzzer seed 307: eq(a, False) / b).
         return lax.optimization_barrier(x.astype(jd))
+    if jnp.issubdtype(x.dtype, jnp.complexfloating) and not jnp.issubdtype(jd, jnp.complexfloating):
+        if jnp.dtype(jd) == jnp.bool_:
+            return x != 0  # either part nonzero, as C++'s bool(complex); XLA looks at the real part
+        x = jnp.real(x)  # CPU drops the imaginary part (with a warning), then converts the real one
     if not (jnp.issubdtype(x.dtype, jnp.floating) and jnp.issubdtype(jd, jnp.integer)):
         return x.astype(jd)
     wide = jnp.dtype(jd).itemsize == 8

@@ -24,8 +24,9 @@ def needs_cpu_probe(func, low, args, kwargs) -> bool:
     if low is None or low.probe is None or func.namespace != "aten":
         return False  # deferfuse's own ops (sdpa, linear, jax_op) have no CPU kernel to ask
     if kwargs.get("dtype") in _RARE_KERNELS or any(type(a) is TpuTensor and a.dtype is torch.bool or type(a) is complex
-                                                   for a in args):
-        return True  # CPU has no bool matmul, no complex arange or xlogy (`xlogy(x, 1j)`)
+                                                   for a in args) or any(type(v) is complex for v in kwargs.values()):
+        return True  # CPU has no bool matmul, no complex arange or xlogy (`xlogy(x, 1j)`), no complex
+        # `value=` for a real addcmul
     if low.probe == "index":
         return _float_index_argument(func, args, kwargs) or _shape_probed(func, args) or (
             func in _SAME_DTYPE_SOURCE and isinstance(args[0], TpuTensor) and len(args) > 3

@@ -125,6 +125,15 @@ class TpuTensor(torch.Tensor):
         raise RuntimeError("deferfuse dispatcher not initialised")
 
     # Host reads: name the cause, then let PyTorch's C++ do the rest through our dispatcher.
+    def __setitem__(self, index, value):
+        """CPU PyTorch writes a 0-dim CPU value with `fill_`, which makes no overlap check
+        (`x.view(1, 1)[...] = x` works); a value on any other device is copied as an expanded
+        view, which refuses the overlap. A 0-dim value of this tensor's storage is read first, as
+        fill_ reads it, so the write works as on CPU."""
+        if type(value) is TpuTensor and value.dim() == 0 and value._st is self._st:
+            value = value.clone()
+        super().__setitem__(index, value)
+
     def __bool__(self):
         return _with_cause(Cause.BOOL, torch.Tensor.__bool__, self)
 

@@ -13,6 +13,7 @@ import torch
 import deferfuse
 from conftest import check_all_modes
 from deferfuse import cache, pending
+from deferfuse.routes import fallback
 
 
 def test_dead_intermediates_are_never_materialised(events):
@@ -118,7 +119,8 @@ def test_failed_flush_raises_at_sync_point_and_keeps_engine_usable(monkeypatch):
 
 _BOOM = torch.library.Library("deferfuse_test", "DEF")
 _BOOM.define("boom(Tensor x) -> Tensor")
-_BOOM.impl("boom", lambda x: (_ for _ in ()).throw(ValueError("the CPU kernel exploded")), "CPU")
+_BOOM.impl("boom", lambda x: (_ for _ in ()).throw(ValueError("the CPU kernel exploded")) if (x < 0).any() else x + 1,
+           "CPU")  # its error depends on the values, as a data check's does
 _BOOM.impl("boom", lambda x: torch.empty_like(x), "Meta")
 _BOOM.define("pair(Tensor a, Tensor b) -> Tensor")
 _BOOM.impl("pair", lambda a, b: a * 2 + b, "CPU")
@@ -152,18 +154,37 @@ def test_cpu_fallback_whose_meta_kernel_crashes_runs_at_once(mode):
 
 
 def test_failed_cpu_fallback_names_its_own_error():
-    """A CPU-fallback op whose CPU kernel raises: the flush error names the op and its error, and
-    values recorded before it stay valid (they were run op by op without tracing the host op)."""
+    """A recorded CPU-fallback op whose CPU kernel raises: the flush error names the op and its
+    error, and values recorded before it stay valid (they were run op by op without tracing the
+    host op). The first call of the signature ran at once and was fine; this one is recorded."""
     with pytest.warns(UserWarning, match="deferfuse_test.boom"):
+        with deferfuse.mode():
+            assert torch.ops.deferfuse_test.boom(torch.arange(4.0, device="tpu")).cpu().tolist() == [1, 2, 3, 4]
         with pytest.raises(deferfuse.FlushError, match="deferfuse_test.boom.*ValueError: the CPU kernel exploded"):
             with deferfuse.mode():
                 a = torch.arange(4.0, device="tpu") + 1
-                b = torch.ops.deferfuse_test.boom(a * 2)
+                b = torch.ops.deferfuse_test.boom(-a)
                 b.cpu()
     torch.testing.assert_close(a.cpu(), torch.arange(4.0) + 1)
 
 
-def test_cpu_fallback_is_counted_and_warns_once():
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_a_cpu_fallback_refused_by_its_kernel_raises_its_error_at_the_call(mode):
+    """The first call of a fallback signature runs at once on the real inputs, so a kernel that
+    refuses what the meta kernel let through (a dtype: cummax of complex, median of bool, fuzzer
+    seeds 20186, 20187)
+    raises CPU's own exception at the user's line, not a FlushError at a later read."""
+    with deferfuse.mode(mode):
+        a = torch.arange(7.0, device="tpu") + 1  # a signature no other test calls boom with
+        with pytest.raises(NotImplementedError, match="median_cpu"):  # cummax: its warning is tested once
+            torch.ones(3, dtype=torch.bool, device="tpu").median()
+        with pytest.raises(ValueError, match="exploded"):
+            torch.ops.deferfuse_test.boom(-a)
+        torch.testing.assert_close(a.cpu(), torch.arange(7.0) + 1)
+
+
+def test_cpu_fallback_is_counted_and_warns_once(monkeypatch):
+    monkeypatch.setattr(fallback, "_warned", set())  # whatever ran cummax before in this process
     x = torch.arange(6.0).reshape(2, 3)
     with pytest.warns(UserWarning, match="Falling back to CPU for 'aten.cummax.default'"):
         vals, idx = torch.cummax(x.to("tpu"), dim=1)

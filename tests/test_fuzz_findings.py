@@ -296,3 +296,117 @@ _BOOL_ARITHMETIC = {
 @pytest.mark.parametrize("case", list(_BOOL_ARITHMETIC))
 def test_arithmetic_on_converted_bools_keeps_cpus_nans(case):
     check_all_modes(_BOOL_ARITHMETIC[case], equal_nan=True)
+
+
+def test_floor_division_gives_zero_quotients_cpus_sign():
+    """Seed 263: 0 / -2 floored is -0.0 on CPU (c10 takes the sign of x / y), and `3 // q` then
+    gives -inf; NumPy's rule, which jnp.floor_divide follows, gave +0.0. Seen through 1 / q."""
+    def run(d):
+        a = torch.tensor([0., 0., -0., -0., 1., 3., 7.5, -7.5, 1., -1., 0.], device=d)
+        b = torch.tensor([-2., 2., 2., -2., -2., -2., 2., 2., 0., 0., 0.], device=d)
+        return (1 / (a // b), 1 / torch.div(a, b, rounding_mode="floor"), 1 / (a // -2.0),
+                1 / torch.floor_divide(a.bfloat16(), b.bfloat16()), torch.tensor([7, -7], device=d) // 2)
+    check_all_modes(run, equal_nan=True)
+
+
+def test_a_bool_tensor_to_a_bool_power_stays_bool_like_cpu():
+    """Seed 304: result_type(bool tensor, bool) is bool; the meta kernel said int64."""
+    check_all_modes(lambda d: (torch.tensor([True, False], device=d) ** False, torch.tensor([True, False], device=d) ** True,
+                               torch.tensor([True, False], device=d) ** 2))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_nansum_of_a_complex_tensor_raises_like_cpu(mode):
+    """Seed 286: CPU has no complex nansum (CUDA has; the oracle is CPU)."""
+    check_raises_like_cpu(lambda d: torch.tensor([1 + 1j, 2], device=d).nansum(), mode)
+
+
+def test_nansum_like_cpu():
+    """nansum has a lowering of its own; `nansum(x, [])` reduces every dim (the meta kernel none)."""
+    def run(d):
+        x = torch.tensor([[1., float("nan")], [2., 3.]], device=d)
+        return (x.nansum(), x.nansum(1, keepdim=True), x.nansum([]), x.nansum([], keepdim=True),
+                x.bfloat16().nansum(0, dtype=torch.float64), torch.tensor([[1, 5], [2, 3]], device=d).nansum(0))
+    check_all_modes(run)
+
+
+def test_masked_fill_with_a_complex_value_into_a_real_tensor_like_cpu():
+    """Seed 1013: CPU converts a complex fill value into bool (value != 0), and into any real dtype
+    when its imaginary part is 0; the meta kernel refused them all."""
+    def run(d):
+        m = torch.tensor([True, False], device=d)
+        return (torch.tensor([True, False], device=d).masked_fill(m, -1 + 0.5j),
+                torch.tensor([False, True], device=d).masked_fill(~m, 0j), torch.tensor([1, 0], device=d).masked_fill(m, 2 + 0j),
+                torch.tensor([1., 0], device=d).masked_fill_(m, 2 + 0j))
+    check_all_modes(run)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_masked_fill_with_an_imaginary_value_into_a_real_tensor_raises_like_cpu(mode):
+    check_raises_like_cpu(lambda d: torch.tensor([1., 0], device=d).masked_fill(torch.tensor([True, False], device=d), 2 + 1j),
+                          mode)
+
+
+def test_setitem_of_a_tensor_from_its_own_zero_dim_value_like_cpu():
+    """Seed 20004: `a.view(1, 1)[...] = a` works on CPU (a 0-dim CPU value is written with fill_,
+    which makes no overlap check); tpu raised the partial-overlap error of copy_."""
+    def run(d):
+        a = torch.tensor(3.0, device=d)
+        a.view(1, 1)[...] = a
+        b = torch.arange(4.0, device=d)
+        b[:2] = b[3]
+        b[2:] = b[0] + 1
+        return a, b
+    check_all_modes(run)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_copy_from_a_partially_overlapping_view_still_raises_like_cpu(mode):
+    a_cpu = torch.zeros(1, 1)
+    with pytest.raises(RuntimeError, match="single memory location"):
+        a_cpu.view(1, 1).copy_(a_cpu.view(()))
+    with deferfuse.mode(mode), pytest.raises(RuntimeError, match="single memory location"):
+        a = torch.zeros(1, 1, device="tpu")
+        a.view(1, 1).copy_(a.view(()))
+
+
+def test_copysign_and_xlogy_lay_out_their_result_like_cpu():
+    """Seed 20052: their meta kernels took the second operand's layout, CPU the first's."""
+    a_cpu, b_cpu = torch.arange(1.0, 7.0).reshape(2, 3), torch.arange(2.0, 8.0).reshape(3, 2).t()
+    for mode in MODES:
+        with deferfuse.mode(mode):
+            for x, y in ((a_cpu, b_cpu), (b_cpu, a_cpu)):
+                for call in (torch.copysign, torch.xlogy):
+                    got, expected = call(x.to("tpu"), y.to("tpu")), call(x, y)
+                    assert got.stride() == expected.stride(), (mode, call)
+                    torch.testing.assert_close(got.cpu(), expected)
+
+
+def test_debug_integer_division_of_nothing_by_zero_runs_like_cpu():
+    """Seed 20062: `torch.arange(0) // 0` divides nothing, and CPU raises nothing."""
+    with deferfuse.mode("debug"):
+        assert torch.arange(0, device="tpu").floor_divide(0).cpu().shape == (0,)
+        assert torch.fmod(torch.zeros(0, 3, dtype=torch.long, device="tpu"), torch.zeros(3, dtype=torch.long, device="tpu")).shape == (0, 3)
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            torch.arange(3, device="tpu") // 0
+
+
+def test_complex_to_real_conversions_like_cpu():
+    """Seed 20238: complex to bool is true when either part is nonzero (XLA looked at the real
+    part only); to other dtypes CPU drops the imaginary part."""
+    x = [0j, 1j, 0.5 + 0j, 0.5j, -3.5 + 1j, 300 + 2j]
+    check_all_modes(lambda d: tuple(torch.tensor(x, device=d).to(dt) for dt in (torch.bool, torch.int64, torch.uint8,
+                                                                               torch.float32, torch.bfloat16)))
+
+
+_COMPLEX_VALUE = {
+    "addcmul": lambda d: torch.addcmul(torch.ones(3, device=d), torch.ones(3, device=d), torch.ones(3, device=d), value=0.5 - 1j),
+    "addcdiv": lambda d: torch.addcdiv(torch.ones(3, device=d), torch.ones(3, device=d), torch.ones(3, device=d), value=1j),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("call", list(_COMPLEX_VALUE))
+def test_a_complex_value_for_a_real_addcmul_raises_like_cpu(call, mode):
+    """Seed 20400: a complex `value=` keyword was not rehearsed on CPU (a complex positional one was)."""
+    check_raises_like_cpu(_COMPLEX_VALUE[call], mode)

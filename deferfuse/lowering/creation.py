@@ -93,10 +93,7 @@ def eye_m(ctx, n, m, *, dtype=None, layout=None, device=None, pin_memory=None):
 @lowering(aten._to_copy.default, family="elementwise", ctx=True)
 def to_copy(ctx, x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
             memory_format=None):
-    jd = _jd(ctx)
-    if jnp.issubdtype(x.dtype, jnp.complexfloating) and not jnp.issubdtype(jd, jnp.complexfloating):
-        x = jnp.real(x)
-    return cast(x, jd)
+    return cast(x, _jd(ctx))
 
 
 @lowering(aten.clone.default, aten.lift_fresh_copy.default, family="elementwise")

@@ -189,8 +189,9 @@ def div(x, y):
 
 
 def _binary_layout(args, kwargs, leaves):
-    """The meta kernels of floor division return a contiguous result; CPU's TensorIterator lays
-    it out like its inputs (a transposed x gives a transposed x // y), as add's meta kernel does."""
+    """The meta kernels of floor division, copysign and xlogy lay the result out unlike CPU's
+    TensorIterator, which follows its inputs (a transposed x gives a transposed x // y) as add's
+    meta kernel does."""
     out = leaves[0]
     try:
         like = run_meta(aten.add.Tensor, tuple(args[:2]), {})
@@ -217,12 +218,27 @@ def div_mode(ctx, x, y, *, rounding_mode=None):
         if out != q.dtype and out in _HALF:
             q = q.astype(out).astype(q.dtype)
         return jnp.trunc(q)
-    return jnp.floor_divide(x, y)
+    return _floor_div(x, y)
+
+
+def _floor_div(x, y):
+    """CPU's floating floor division (c10's div_floor_floating), not NumPy's: a zero quotient takes
+    the sign of x / y (0 / -2 is -0.0, -0.0 / 2 is -0.0, and `3 // q` then gives CPU's infinity)."""
+    if not jnp.issubdtype(jnp.result_type(x, y), jnp.floating):
+        return jnp.floor_divide(x, y)
+    x, y = jnp.broadcast_arrays(x, y)
+    mod = lax.rem(x, y)
+    div = (x - mod) / y
+    div = jnp.where((mod != 0) & ((y < 0) != (mod < 0)), div - 1, div)
+    floor = jnp.floor(div)
+    floor = jnp.where(div - floor > 0.5, floor + 1, floor)
+    quotient = x / y
+    return jnp.where(y == 0, quotient, jnp.where(div != 0, floor, jnp.copysign(jnp.zeros_like(div), quotient)))
 
 
 @lowering(aten.floor_divide.default, aten.floor_divide.Scalar, promote="default", meta_fix=_binary_layout)
 def floor_divide(x, y):
-    return jnp.floor_divide(x, y)
+    return _floor_div(x, y)
 
 
 @lowering(aten.remainder.Tensor, aten.remainder.Scalar, promote="default")
@@ -284,7 +300,17 @@ def pow_scalar(x, exponent):
     return _int_pow(jnp.asarray(x), exponent)
 
 
-@lowering(aten.pow.Tensor_Scalar, promote="default", static=("exponent",), ctx=True)
+def _bool_pow_dtype(args, kwargs, leaves):
+    """A bool tensor to a bool power stays bool on CPU (result_type(bool, bool)); the meta kernel
+    says int64, as it does for an int exponent, where CPU agrees."""
+    x, exponent = args[0], args[1] if len(args) > 1 else kwargs.get("exponent")
+    if x.dtype == torch.bool and isinstance(exponent, bool):
+        out = leaves[0]
+        return [torch.empty_strided(out.shape, out.stride(), dtype=torch.bool, device="meta")]
+    return leaves
+
+
+@lowering(aten.pow.Tensor_Scalar, promote="default", static=("exponent",), ctx=True, meta_fix=_bool_pow_dtype)
 def pow_ts(ctx, x, exponent):
     """A static exponent lets XLA use repeated multiplication for integers, exactly like CPU. The
     exponent is static, so promotion never saw it: x is cast to the result's computation dtype
@@ -323,10 +349,12 @@ for _op, _fn in [
 ]:
     lowering(_op, promote="int_to_float" if _op in (aten.atan2.default, aten.hypot.default, aten.copysign.Tensor,
                                                    aten.copysign.Scalar, aten.logaddexp.default,
-                                                   aten.logaddexp2.default) else "default")(_fn)
+                                                   aten.logaddexp2.default) else "default",
+             meta_fix=_binary_layout if _op is aten.copysign.Tensor else None)(_fn)
 
 
-@lowering(aten.xlogy.Tensor, aten.xlogy.Scalar_Other, aten.xlogy.Scalar_Self, promote="int_to_float")
+@lowering(aten.xlogy.Tensor, aten.xlogy.Scalar_Other, aten.xlogy.Scalar_Self, promote="int_to_float",
+          meta_fix=_binary_layout)
 def xlogy(x, y):
     return jax.scipy.special.xlogy(x, y)
 
@@ -414,12 +442,20 @@ def _masked_fill_meta(args, kwargs):
     one); PyTorch's meta kernel takes any. The recipe builder replaces this error by CPU's own."""
     if args[1].dtype != torch.bool:
         raise RuntimeError(f"masked_fill_ only supports boolean masks, but got mask with dtype {args[1].dtype}")
-    return aten.masked_fill(*args, **kwargs)
+    x, value = args[0], args[2] if len(args) > 2 else kwargs.get("value")
+    if type(value) is complex and not x.dtype.is_complex and (x.dtype == torch.bool or value.imag == 0):
+        # CPU converts a complex fill value with no imaginary part, and any into bool (x != 0);
+        # the meta kernel refuses every complex value into a real tensor
+        value = bool(value) if x.dtype == torch.bool else value.real
+    return aten.masked_fill(x, args[1], value)
 
 
 @lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor, meta=_masked_fill_meta)
 def masked_fill(x, mask, value):
-    return jnp.where(mask, jnp.asarray(value).astype(x.dtype), x)
+    value = jnp.asarray(value)
+    if jnp.iscomplexobj(value) and not jnp.iscomplexobj(x):  # the meta kernel let only CPU's cases through
+        value = value != 0 if x.dtype == jnp.bool_ else jnp.real(value)
+    return jnp.where(mask, value.astype(x.dtype), x)
 
 
 @lowering(aten.lerp.Scalar, aten.lerp.Tensor, promote="default")

@@ -44,6 +44,26 @@ def sum_dim(ctx, x, dim, keepdim=False, *, dtype=None):
     return jnp.sum(_acc(x, ctx.out_dtype), axis=_axes(x, dim), keepdims=keepdim)
 
 
+def _nansum_of_no_dims(args, kwargs, leaves):
+    """`nansum(x, [])` reduces every dim on CPU, as `sum(x, [])` does; the meta kernel reduces none."""
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    if dim is None or len(dim):
+        return leaves
+    keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+    shape = (1,) * args[0].ndim if keepdim else ()
+    return [torch.empty(shape, dtype=leaves[0].dtype, device="meta")]
+
+
+@lowering(aten.nansum.default, family="reduction", ctx=True, meta_fix=_nansum_of_no_dims)
+def nansum(ctx, x, dim=None, keepdim=False, *, dtype=None):
+    """A lowering of its own rather than PyTorch's decomposition, so that the reduction rule
+    rehearses a complex input on CPU, which refuses it (CUDA does not)."""
+    a = _acc(x, ctx.out_dtype)
+    if jnp.issubdtype(a.dtype, jnp.inexact):
+        a = jnp.where(jnp.isnan(a), jnp.zeros((), a.dtype), a)
+    return jnp.sum(a, axis=_axes(x, dim), keepdims=keepdim)
+
+
 @lowering(aten.mean.default, family="reduction", ctx=True)
 def mean_all(ctx, x, *, dtype=None):
     return jnp.mean(_acc(x, ctx.out_dtype))

@@ -5,8 +5,9 @@ op naming it, and emits a report event with the user's line; DEFERFUSE_NO_CPU_FA
 into a NotImplementedError naming the op.
 
 Where PyTorch's meta kernel knows the output shapes and the op mutates nothing, the fallback is
-*recorded* as a host node: the fuser splits programs around it and the rest of the flush still
-fuses. Otherwise the pending graph is flushed and the op runs at once.
+*recorded* as a host node (after the first call of its signature, which runs at once): the fuser
+splits programs around it and the rest of the flush still fuses. Otherwise the pending graph is
+flushed and the op runs at once.
 """
 from __future__ import annotations
 
@@ -18,13 +19,11 @@ from .. import events, pending, sources
 from ..config import CONFIG
 from ..events import METRICS
 from ..meta import signature
-from ..probe import run_cpu_probe
 from ..record import RECIPES, emit, make_recipe, spec_of
 from ..tensor import TpuTensor, from_concrete, host_to_jax
 from ..transfers import resize, to_cpu
 
 _warned: set[str] = set()
-_UNRECORDED: set = set()  # host signatures whose CPU rehearsal failed: they run at once
 
 
 def _note(func, reason: str) -> None:
@@ -78,35 +77,25 @@ def _sparse(func, x: torch.Tensor):
         "the same values).")
 
 
-_SHAPE_PROBED = (torch.ops.aten.put.default,)
-
-
 def _try_record(func, args, kwargs, key, tensors, scalars):
-    spec = spec_of(func)
     hkey = ("host", key)
     r = RECIPES.get(hkey)
-    if r is None:
-        if hkey in _UNRECORDED:
-            return NotImplemented
-        try:
-            # a meta kernel can let through what the CPU kernel refuses (put's source size): a
-            # rehearsal on CPU over stand-ins of the real shapes; a call it refuses runs at once,
-            # which raises CPU's error at the user's line (or, if the stand-ins were the trouble, runs).
-            # Only for the ops named: a CPU kernel trusts its inputs, and stand-ins that break its
-            # assumptions (CTC loss's lengths against log_alpha's shape) crash the process
-            if func in _SHAPE_PROBED:
-                run_cpu_probe(func, args, kwargs, real_only=True)
-        except Exception:  # noqa: BLE001
-            _UNRECORDED.add(hkey)
-            return NotImplemented
-        try:
-            r = make_recipe(func, spec, key, args, kwargs, low=None, host=True)
-        except Exception:  # noqa: BLE001
-            # no meta kernel, a data-dependent shape, a meta kernel with a bug, or bad input:
-            # running the CPU kernel now gives the result, or CPU's own error for bad input
-            return NotImplemented
-        RECIPES[hkey] = r
-    return emit(r, tensors, scalars)
+    if r is not None:
+        return emit(r, tensors, scalars)
+    try:
+        r = make_recipe(func, spec_of(func), key, args, kwargs, low=None, host=True)
+    except Exception:  # noqa: BLE001
+        # no meta kernel, a data-dependent shape, a meta kernel with a bug, or bad input:
+        # running the CPU kernel now gives the result, or CPU's own error for bad input
+        return NotImplemented
+    # The first call of a signature runs at once, on the real inputs: a CPU kernel that refuses
+    # what the meta kernel let through (a dtype it lacks: cummax of complex; put's source size)
+    # raises its own error at the user's line, where a recorded node would fail at the flush.
+    # (A rehearsal over stand-in values is not safe: CPU kernels trust their inputs, and CTC
+    # loss's crashed the process.) Later calls of a signature that ran are recorded.
+    out = run_now(func, args, kwargs)
+    RECIPES[hkey] = r
+    return out
 
 
 def run_now(func, args, kwargs):

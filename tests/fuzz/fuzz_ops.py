@@ -53,9 +53,13 @@ def binary(g):
     t = g.t(x)
     y = g.operand(t.shape, like=t)
     r = g.rng.random()
+    divisor = y
     if r < 0.45:
         op = g.choice(_BINOPS)
-        expr = f"{y} {op} {x}" if g.chance(0.2) and "inp(" not in y else f"{x} {op} {y}"
+        if g.chance(0.2) and "inp(" not in y:
+            expr, divisor = f"{y} {op} {x}", x
+        else:
+            expr = f"{x} {op} {y}"
     elif r < 0.75:
         op = g.choice(_BINFNS)
         expr = f"{op}({x}, {y})"
@@ -75,7 +79,7 @@ def binary(g):
                 "clamp": f"torch.clamp({x}, min={y}, max={z})"}[op]
     v = g.fresh()
     # integer division by a tensor holding 0 is a data check CPU makes and only Debug mirrors
-    g.run(f"{v} = {expr}", new=v, data_check=op in _DIVIDES and not _is_number(y))
+    g.run(f"{v} = {expr}", new=v, data_check=op in _DIVIDES and not _is_number(divisor))
 
 
 def _is_number(s: str) -> bool:

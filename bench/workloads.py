@@ -228,7 +228,8 @@ def _kv_model(dev):
 
 def kv_decode(engine: str, bucket: int = 0, tokens: int = 48) -> Runner:
     """Greedy decoding with a KV cache: the cache grows one token per step, so every step has a
-    new sequence length (a new program) unless the cache is padded to a bucket and masked."""
+    new sequence length (a new program) unless the cache is padded to a bucket and masked (a
+    static cache, written at a position held in a tensor)."""
     dev = device_of(engine)
     model, cfg = _kv_model(dev)
     heads, hd = cfg.heads, cfg.dim // cfg.heads
@@ -239,10 +240,10 @@ def kv_decode(engine: str, bucket: int = 0, tokens: int = 48) -> Runner:
         q = q.view(b, t, heads, hd).transpose(1, 2)
         k = k.view(b, t, heads, hd).transpose(1, 2)
         v = v.view(b, t, heads, hd).transpose(1, 2)
-        if bucket:
+        if bucket:  # a static cache written at a position held in a tensor, as HF's StaticCache does
             kc, vc = cache
-            kc[:, :, pos:pos + 1] = k
-            vc[:, :, pos:pos + 1] = v
+            kc.index_copy_(2, pos, k)
+            vc.index_copy_(2, pos, v)
             size = kc.shape[2]
             mask = (torch.arange(size, device=x.device) <= pos).view(1, size)
             y = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask)
@@ -258,7 +259,7 @@ def kv_decode(engine: str, bucket: int = 0, tokens: int = 48) -> Runner:
         return x, new
 
     def one_token(tok, pos, caches):
-        x = model.tok(tok) + model.pos(torch.full((1,), pos, device=dev, dtype=torch.long))
+        x = model.tok(tok) + model.pos(pos)
         new = []
         for blk, cache in zip(model.blocks, caches):
             x, c = attend(blk, x, cache, pos)
@@ -279,7 +280,9 @@ def kv_decode(engine: str, bucket: int = 0, tokens: int = 48) -> Runner:
                 caches = [None] * len(model.blocks)
             out = []
             for pos in range(tokens):
-                tok, caches = one_token(tok, pos, caches)
+                # the position is data (one program for every position), except where the cache
+                # grows, whose shapes change every token anyway
+                tok, caches = one_token(tok, torch.full((1,), pos, device=dev, dtype=torch.long), caches)
                 out.append(tok)
             return torch.cat(out, dim=1)
 

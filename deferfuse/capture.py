@@ -106,7 +106,7 @@ def capture(step: Callable[..., Any], *args: Any) -> Captured:
     return Captured(result, g, outputs, plan, args)
 
 
-def record_whole(step: Callable[..., Any], args, cause: Cause):
+def record_whole(step: Callable[..., Any], args, cause: Cause, where=None):
     """Run `step(*args)` in DeferAndFuse with every cut disabled and flush it as one program.
 
     Returns (result, graph, outputs, plan): `graph.sources` names the storage each program input
@@ -114,7 +114,8 @@ def record_whole(step: Callable[..., Any], args, cause: Cause):
     outputs, and `plan.single` is the program (None when it needs several). The graph is None when
     the step flushed before its end (a host read inside it: the step still ran, in pieces), the
     plan None when it recorded nothing. Nothing may be pending when it is called. Shared by `capture` and the
-    torch.compile backend (deferfuse/compiler), so both run the lowerings and the cache of eager."""
+    torch.compile backend (deferfuse/compiler), so both run the lowerings and the cache of eager.
+    `where`: the user's line the flush is reported at (the graph's ops record their own)."""
     stream = pending.PENDING
     saved = (stream.period.lookback, CONFIG.max_pending, CONFIG.max_group_ops, CONFIG.fuse_block_ops)
     stream.period.lookback = CONFIG.fuse_block_ops = 0  # the flush before this reset the detector
@@ -130,7 +131,7 @@ def record_whole(step: Callable[..., Any], args, cause: Cause):
                 return result, None, [], None
             if not g.nodes:
                 return result, g, [], None
-            pending.flush(cause)
+            pending.flush(cause, where)
     finally:
         stream.period.lookback, CONFIG.max_pending, CONFIG.max_group_ops, CONFIG.fuse_block_ops = saved
         stream.graph.sources = None

@@ -201,6 +201,24 @@ def test_dropout_draws_new_keys_every_call_and_matches_strict():
         torch.testing.assert_close(c[kept], (x * 4)[kept])  # 2x, scaled by 1 / (1 - p)
 
 
+def test_a_tpu_generator_draws_new_values_every_call_and_matches_strict():
+    """A random op given `torch.Generator(device="tpu")` is a graph break that runs eagerly and
+    draws from the generator (Dynamo took the generator for an opaque script object and failed)."""
+    def f(x, g):
+        return x * 2 + torch.rand(3, generator=g, device=x.device)
+
+    cf = torch.compile(f, backend="tpu")
+    x = torch.ones(3, device="tpu")
+    g = torch.Generator(device="tpu").manual_seed(3)
+    compiled = [cf(x, g).cpu() for _ in range(3)]
+    g.manual_seed(3)
+    with deferfuse.mode("strict"):
+        strict = [f(x, g).cpu() for _ in range(3)]
+    assert not torch.equal(compiled[1], compiled[2])
+    for c, s in zip(compiled, strict):
+        torch.testing.assert_close(c, s)
+
+
 def test_dropout_model_trains():
     m, ref = _mlp(dropout=0.2)
     opt = torch.optim.SGD(m.parameters(), lr=0.05)
@@ -311,6 +329,8 @@ def test_the_report_lists_compiled_graphs_and_graph_breaks():
     assert [r["graph"] for r in co["recordings"]] == ["inference", "inference"]
     assert all(r["replays"] and r["where"].startswith(__file__) for r in co["recordings"]), co
     assert "torch.compile: 2 graphs, 2 compiled calls" in render_report(rep)
+    # each graph's flush is reported at the user's line in the compiled function, not <unknown>
+    assert [s["file"] for s in rep["flushes"]["by_source"]] == [__file__, __file__], rep["flushes"]
 
 
 @pytest.mark.parametrize("how", ["generate_compiles_itself", "compiled_forward"])

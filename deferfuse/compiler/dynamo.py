@@ -2,13 +2,14 @@
 
 `TpuTensor` overrides `__torch_dispatch__` and is not a traceable wrapper subclass, so Dynamo
 would model it as an arbitrary Python object, break the graph at its first op and trace into
-deferfuse's dispatcher and JAX. Three changes make it an ordinary tensor to Dynamo and
+deferfuse's dispatcher and JAX. Four changes make it an ordinary tensor to Dynamo and
 AOTAutograd, fakeified as a FakeTensor on tpu:0 over PyTorch's meta kernels:
 
 - Dynamo wraps a `TpuTensor` as it wraps `torch.Tensor` (a `TensorVariable`, no subclass type);
 - deferfuse, jax and jaxlib are in Dynamo's skip rules: their frames are never traced;
 - `TpuTensor.__coerce_same_metadata_as_tangent__` (tensor.py) answers AOTAutograd's check of
-  the tangents a compiled backward receives.
+  the tangents a compiled backward receives;
+- `torch.Generator(device="tpu")` is wrapped as a generator, as a CPU one is.
 
 And one for optimizers: Dynamo makes an optimizer whose state is not created yet `capturable`
 (its step counts on the device, so a compiled step is one program without host scalars) for CUDA
@@ -21,6 +22,7 @@ from torch._dynamo import trace_rules
 from torch._dynamo.variables import builder
 from torch._dynamo.variables.optimizer import OptimizerVariable
 
+from ..rng import TpuGenerator
 from ..tensor import TpuTensor
 
 SKIPPED = ("deferfuse", "jax", "jaxlib", "ml_dtypes")
@@ -40,6 +42,10 @@ def teach() -> None:
         table = type_dispatch(cls)  # cached by Dynamo: the entry is added once per table
         if TpuTensor not in table:
             table[TpuTensor] = cls.wrap_tensor
+            # a generator of device "tpu" is a torch._C.Generator subclass, which Dynamo would take
+            # for an opaque script object and fail on in a fake call: as a generator, a random
+            # op given it is a graceful graph break that runs eagerly and draws from it
+            table[TpuGenerator] = cls.wrap_user_defined
         return table
 
     vb._type_dispatch = classmethod(_type_dispatch)

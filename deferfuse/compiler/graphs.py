@@ -19,7 +19,7 @@ import weakref
 
 import torch
 
-from .. import events, pending, rng
+from .. import events, pending, rng, sources
 from ..capture import record_whole
 from ..causes import Cause
 from ..events import METRICS
@@ -65,14 +65,15 @@ class CompiledGraph:
         args = list(args[0]) if len(args) == 1 and type(args[0]) is list else list(args)
         METRICS.compiled_calls += 1
         if pending.pending_count():
-            # DeferAndFuse work recorded before this call runs first, as its own flush
-            pending.flush(Cause.COMPILE_MODE_EXECUTION)
+            # DeferAndFuse work recorded before this call runs first, as its own flush, reported
+            # at the user's line inside the compiled function (Dynamo's code keeps its file)
+            pending.flush(Cause.COMPILE_MODE_EXECUTION, sources.user_frame(2))
         sig = signature(args)
         replay = self.replays.get(sig, _RECORD)
         if replay is None:
             return self._record_each_call(args)
         if replay is _RECORD:
-            replay, out = Replay.record(self.gm, args)
+            replay, out = Replay.record(self.gm, args, sources.user_frame(2))
             self.replays[sig] = replay
             events.emit("compiled_graph", graph=self.kind, ops=self.ops, where=self.where,
                         signatures=len(self.replays), replays=replay is not None)
@@ -101,14 +102,14 @@ class Replay:
     """What one recorded call read and wrote, to run its program again on new arguments."""
 
     @staticmethod
-    def record(gm, args) -> tuple[Replay | None, list]:
+    def record(gm, args, where=None) -> tuple[Replay | None, list]:
         if any(isinstance(a, torch.Tensor) and type(a) is not TpuTensor for a in args):
             # a CPU tensor argument (a step count) is read by value while recording: not replayable
             with DeferfuseMode("defer_and_fuse"):
                 return None, list(gm(*args))
         c0 = rng.marking(True)
         try:
-            result, g, outputs, plan = record_whole(gm, args, Cause.COMPILED_GRAPH)
+            result, g, outputs, plan = record_whole(gm, args, Cause.COMPILED_GRAPH, where)
         finally:
             rng.marking(False)
         result = list(result)

@@ -410,3 +410,25 @@ _COMPLEX_VALUE = {
 def test_a_complex_value_for_a_real_addcmul_raises_like_cpu(call, mode):
     """Seed 20400: a complex `value=` keyword was not rehearsed on CPU (a complex positional one was)."""
     check_raises_like_cpu(_COMPLEX_VALUE[call], mode)
+
+
+def test_floor_division_of_floats_by_a_python_bool_like_cpu():
+    """Seeds 20490, 20535: `x // True` and `floor_divide(x, False)` on floats failed in XLA's rem."""
+    check_all_modes(lambda d: (torch.tensor([1.0, 3.0], device=d) // True, torch.floor_divide(torch.tensor([1.0, -3.0], device=d), False),
+                               torch.tensor([1, 3], device=d) // True), equal_nan=True)
+
+
+def test_clamp_of_a_float_tensor_by_a_complex_bound_with_no_imaginary_part_like_cpu():
+    """Seed 20554: CPU keeps a floating tensor's dtype and converts such a bound (in place too);
+    the meta kernels promoted to complex or refused the in-place call."""
+    def run(d):
+        x = torch.tensor([1.0, 3.0, -2.0], dtype=torch.bfloat16, device=d)
+        return x.clamp(min=2 + 0j), x.clamp(0, 2.5 + 0j), x.clone().clamp_(min=2 + 0j)
+    check_all_modes(run)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_clamp_by_a_complex_bound_cpu_refuses_raises_like_cpu(mode):
+    check_raises_like_cpu(lambda d: torch.tensor([1.0, 3.0], device=d).clamp(min=2 + 1j), mode)
+    check_raises_like_cpu(lambda d: torch.tensor([1, 3], device=d).clamp(min=2 + 0j), mode)
+    check_raises_like_cpu(lambda d: torch.tensor([1.0, 3.0], device=d).clamp_min(2 + 0j), mode)

@@ -224,9 +224,10 @@ def div_mode(ctx, x, y, *, rounding_mode=None):
 def _floor_div(x, y):
     """CPU's floating floor division (c10's div_floor_floating), not NumPy's: a zero quotient takes
     the sign of x / y (0 / -2 is -0.0, -0.0 / 2 is -0.0, and `3 // q` then gives CPU's infinity)."""
-    if not jnp.issubdtype(jnp.result_type(x, y), jnp.floating):
+    dt = jnp.result_type(x, y)
+    if not jnp.issubdtype(dt, jnp.floating):
         return jnp.floor_divide(x, y)
-    x, y = jnp.broadcast_arrays(x, y)
+    x, y = jnp.broadcast_arrays(jnp.asarray(x).astype(dt), jnp.asarray(y).astype(dt))  # a bool divisor too
     mod = lax.rem(x, y)
     div = (x - mod) / y
     div = jnp.where((mod != 0) & ((y < 0) != (mod < 0)), div - 1, div)
@@ -413,8 +414,23 @@ def where(cond, x, y):
     return jnp.where(cond, x, y)
 
 
-@lowering(aten.clamp.default, promote="default")
+def _clamp_meta(args, kwargs):
+    """CPU's clamp keeps a floating tensor's dtype and converts a complex bound with no imaginary
+    part to it (`x.clamp(min=2+0j)`); the meta kernel promotes to complex. Other complex bounds
+    raise in the CPU rehearsal before this runs."""
+    x, bounds = args[0], [*args[1:3]] + [kwargs.get(k) for k in ("min", "max")[len(args) - 1:]]
+    bounds = (bounds + [None, None])[:2]
+    if x.dtype.is_floating_point and any(type(b) is complex for b in bounds):
+        bounds = [b.real if type(b) is complex else b for b in bounds]
+    return aten.clamp(x, *bounds)
+
+
+@lowering(aten.clamp.default, promote="default", meta=_clamp_meta)
 def clamp(x, min=None, max=None):
+    if jnp.iscomplexobj(min) and not jnp.iscomplexobj(x):
+        min = jnp.real(min)
+    if jnp.iscomplexobj(max) and not jnp.iscomplexobj(x):
+        max = jnp.real(max)
     if min is not None:
         x = jnp.maximum(x, min)
     if max is not None:

@@ -13,7 +13,7 @@ import torch
 from .. import dtypes, pending, rng
 from ..lowering import LOWERINGS
 from ..meta import run_meta, signature
-from ..probe import cpu_error_instead, needs_cpu_probe, run_cpu_probe
+from ..probe import needs_cpu_probe, run_cpu_probe
 from ..record import RECIPES, spec_of
 from ..tensor import TpuTensor, redispatch
 from ..transfers import assign, assign_out, check_no_overlap, check_no_partial_overlap
@@ -149,7 +149,14 @@ def _check_meta(func, key, args, kwargs) -> None:
     except NotImplementedError:
         pass  # no meta kernel: the functional op's own checks still run
     except Exception as err:  # noqa: BLE001 - CPU's error for the call, as route_lowered raises it
-        cpu_error_instead(func, args, kwargs, err)
+        if getattr(err, "from_cpu", False):
+            raise
+        try:
+            run_cpu_probe(func, args, kwargs, real_only=True)
+        except Exception as cpu:  # noqa: BLE001
+            raise cpu.with_traceback(None) from None
+        # CPU's kernel takes the call: the refusal was the meta kernel's own (`x.clamp_(min=2+0j)`
+        # on a float x, which CPU converts): the functional op's checks and result still apply
     kind = func._df.variant
     if kind is not None and needs_cpu_probe(func, LOWERINGS.get(kind.functional), args, kwargs):
         run_cpu_probe(func, args, kwargs)

@@ -7,17 +7,22 @@ read). At the end every live name is compared: tensors by dtype, shape, signific
 (dims longer than one, as PyTorch's own tests compare them) and values; host reads by value.
 
     python tests/fuzz/fuzz_run.py --count 10000        # a long run; --start, --modes, --log
+    python tests/fuzz/fuzz_run.py --count 10000 --jobs 2   # in fresh processes, two at a time
 """
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import inspect
+import json
 import math
 import os
 import re
 import resource
+import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -244,7 +249,12 @@ def main(argv=None) -> int:
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--log", default=None, help="append each failure's reproducer to this file")
     p.add_argument("--shrink", type=int, default=80, help="tpu runs to spend shrinking each failure")
+    p.add_argument("--jobs", type=int, default=0, help="run the seeds in this many processes at once, in chunks")
+    p.add_argument("--chunk", type=int, default=250, help="seeds per process with --jobs")
+    p.add_argument("--summary", default=None, help=argparse.SUPPRESS)  # a chunk's counts, for --jobs
     a = p.parse_args(argv)
+    if a.jobs:
+        return _run_chunks(a)
     modes = tuple(a.modes.split(","))
     ok = bad = 0
     agreed = dict.fromkeys(modes, 0)
@@ -267,6 +277,44 @@ def main(argv=None) -> int:
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10
             print(f"{done} programs (seeds {seed + 1 - done}..{seed}): {ok} agreed in every mode, {bad} disagreed; "
                   f"agreed per mode: {per_mode}; {time.time() - t0:.0f} s, max RSS {rss} MiB", flush=True)
+    if a.summary:
+        with open(a.summary, "w") as f:
+            json.dump({"ok": ok, "bad": bad, "agreed": agreed}, f)
+    return 1 if bad else 0
+
+
+def _run_chunks(a) -> int:
+    """--jobs: chunks of seeds in fresh processes, `jobs` at a time. A fresh process per chunk
+    keeps memory bounded (every process holds the programs it compiled), and with the persistent
+    compile cache on (DEFERFUSE_CACHE_DIR) the processes share what each compiled."""
+    def chunk(start: int) -> tuple[int, dict]:
+        count = min(a.chunk, a.start + a.count - start)
+        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+            path = f.name
+        cmd = [sys.executable, os.path.abspath(__file__), "--start", str(start), "--count", str(count),
+               "--modes", a.modes, "--shrink", str(a.shrink), "--summary", path] + (["--log", a.log] if a.log else [])
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        for line in proc.stdout.splitlines():
+            if line.startswith("# "):  # a failure's first line; the log has its reproducer
+                print(line, flush=True)
+        try:
+            with open(path) as f:
+                return start, json.load(f)
+        except (OSError, ValueError):
+            print(f"chunk {start}..{start + count - 1} died (exit {proc.returncode}):\n{proc.stderr[-2000:]}", flush=True)
+            return start, {"ok": 0, "bad": count, "agreed": {}}
+        finally:
+            os.unlink(path)
+
+    t0, ok, bad, agreed = time.time(), 0, 0, dict.fromkeys(a.modes.split(","), 0)
+    with concurrent.futures.ThreadPoolExecutor(a.jobs) as pool:
+        for start, res in pool.map(chunk, range(a.start, a.start + a.count, a.chunk)):
+            ok, bad = ok + res["ok"], bad + res["bad"]
+            for m, n in res["agreed"].items():
+                agreed[m] += n
+            per_mode = ", ".join(f"{m} {n}" for m, n in agreed.items())
+            print(f"{ok + bad} programs (seeds {a.start}..{start + a.chunk - 1}, {a.jobs} processes): {ok} agreed in "
+                  f"every mode, {bad} disagreed; agreed per mode: {per_mode}; {time.time() - t0:.0f} s", flush=True)
     return 1 if bad else 0
 
 

@@ -244,8 +244,8 @@ def render(results: dict, engines) -> str:
             lines.append(f"| {k} | {_med(xs):.1f} | {_med(xs) / bare:.2f} |")
         lines.append("")
     lines += ["## Steady-state step time (ms, median)", "",
-              "| workload | " + " | ".join(engines) + " | defer vs strict | defer vs jit |",
-              "|---|" + "---:|" * (len(engines) + 2)]
+              "| workload | " + " | ".join(engines) + " | defer vs strict | defer vs jit | compiled vs jit "
+              "| compiled vs defer |", "|---|" + "---:|" * (len(engines) + 4)]
     for name, res in results["workloads"].items():
         cells = []
         for e in engines:
@@ -254,9 +254,12 @@ def render(results: dict, engines) -> str:
         d = res.get("defer_and_fuse", {}).get("step_ms")
         s = res.get("strict", {}).get("step_ms")
         j = res.get("jit", {}).get("step_ms")
+        c = res.get("compiled", {}).get("step_ms")
         vs_s = f"{_med(s) / _med(d):.2f}× faster" if d and s else "-"
         vs_j = f"{_med(d) / _med(j):.2f}× slower" if d and j else "-"
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {vs_s} | {vs_j} |")
+        c_j = f"{_med(c) / _med(j):.2f}× slower" if c and j else "-"
+        c_d = _ratio(_med(c), _med(d)) if c and d else "-"
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {vs_s} | {vs_j} | {c_j} | {c_d} |")
     lines += ["", "## First step (ms, includes compiling) / programs compiled in warm-up / in steady state / "
               "peak memory MB", "", "| workload | " + " | ".join(engines) + " |", "|---|" + "---|" * len(engines)]
     for name, res in results["workloads"].items():
@@ -281,6 +284,11 @@ def render(results: dict, engines) -> str:
         lines += ["", "## Engines that could not run a workload", ""]
         lines += [f"- {e} on {n}: {err}" for n, e, err in errors]
     return "\n".join(lines) + "\n"
+
+
+def _ratio(a: float, b: float) -> str:
+    """a against b as "N× faster" or "N× slower" (a time: smaller is faster)."""
+    return f"{b / a:.2f}× faster" if a <= b else f"{a / b:.2f}× slower"
 
 
 def main(argv=None) -> None:

@@ -24,7 +24,7 @@ def test_steps_fill_the_window(window_ms, step_ms, least, want):
 
 def test_suite_runs_a_training_workload_in_every_in_process_engine():
     name = "mlp train, loss.item() every step"
-    engines = ["cpu", "strict", "defer_and_fuse", "jit"]
+    engines = ["cpu", "strict", "defer_and_fuse", "jit", "compiled"]
     res = bench_run.measure_workload(name, engines, warm=1, steps=2, reps=1, window_ms=20.0)
     for e in engines:
         assert "error" not in res[e], res[e]
@@ -34,6 +34,8 @@ def test_suite_runs_a_training_workload_in_every_in_process_engine():
         assert res[e]["compiled_steady"] == 0
     table = bench_run.render({"workloads": {name: res}}, engines)
     assert name in table and "defer vs jit" in table
+    row = next(line for line in table.splitlines() if line.startswith(f"| {name} |"))
+    assert row.count("×") == 4, row  # defer vs strict, defer vs jit, compiled vs jit, compiled vs defer
 
 
 def test_thread_breakdown_measures_each_group_and_one_core_has_no_xla_pool():

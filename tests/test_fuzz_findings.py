@@ -432,3 +432,12 @@ def test_clamp_by_a_complex_bound_cpu_refuses_raises_like_cpu(mode):
     check_raises_like_cpu(lambda d: torch.tensor([1.0, 3.0], device=d).clamp(min=2 + 1j), mode)
     check_raises_like_cpu(lambda d: torch.tensor([1, 3], device=d).clamp(min=2 + 0j), mode)
     check_raises_like_cpu(lambda d: torch.tensor([1.0, 3.0], device=d).clamp_min(2 + 0j), mode)
+
+
+def test_true_division_of_bools_by_a_false_gives_cpus_nans():
+    """Seed 488: div's rounding_mode=None overload let jnp convert the bools, and XLA folded
+    `convert(False) / 0` to 0 where CPU gives NaN."""
+    check_all_modes(lambda d: (torch.div(torch.zeros(2, 3, dtype=torch.bool, device=d), False, rounding_mode=None),
+                               torch.div(torch.tensor([True, False], device=d), torch.zeros((), dtype=torch.bool, device=d),
+                                         rounding_mode=None),
+                               torch.div(torch.tensor([3, 0], device=d), 0, rounding_mode=None)), equal_nan=True)

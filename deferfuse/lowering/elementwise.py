@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from ..dtypes import to_jax_dtype, HALF as _HALF
+from ..dtypes import cast, to_jax_dtype, HALF as _HALF
 from ..meta import run_meta
 from .registry import aten, lowering
 
@@ -207,6 +207,10 @@ def div_mode(ctx, x, y, *, rounding_mode=None):
     """Integers divide exactly (C truncation or Python floor). CPU's trunc mode for half types
     rounds the quotient to the half type *before* truncating (17.95 -> 18), so we do too."""
     if rounding_mode is None:
+        # integers and bools are promoted here, through dtypes.cast (jnp's own conversion of a
+        # bool lets XLA fold `convert(False) / 0` to 0 where CPU gives NaN: fuzzer seed 488)
+        out = to_jax_dtype(ctx.out_dtype)
+        x, y = (v if jnp.issubdtype(jnp.result_type(v), jnp.inexact) else cast(jnp.asarray(v), out) for v in (x, y))
         return x / y
     if jnp.issubdtype(x.dtype, jnp.integer):
         if rounding_mode == "trunc":

@@ -441,3 +441,12 @@ def test_true_division_of_bools_by_a_false_gives_cpus_nans():
                                torch.div(torch.tensor([True, False], device=d), torch.zeros((), dtype=torch.bool, device=d),
                                          rounding_mode=None),
                                torch.div(torch.tensor([3, 0], device=d), 0, rounding_mode=None)), equal_nan=True)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_scatter_into_its_own_source_with_a_bad_dim_raises_cpus_index_error(mode):
+    """Seed 634: CPU checks the dim before the overlap of target and source."""
+    def call(d):
+        v = torch.tensor(2.0, device=d)
+        return v[None].scatter_add_(1, torch.tensor([[1, 4]], device=d), v)
+    check_raises_like_cpu(call, mode)

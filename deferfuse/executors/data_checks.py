@@ -97,6 +97,8 @@ def _check_indices(func, spec, args, kwargs) -> None:
     else:
         dim = args[dim_pos]
         dim = dim + src.dim() if dim < 0 else dim
+        if not 0 <= dim < max(src.dim(), 1):
+            return  # a dim out of range: the op itself raises CPU's IndexError for it
         pairs = [(idx, src.shape[dim] if src.dim() else 1)]
     for ix, n in pairs:
         if not isinstance(ix, torch.Tensor) or ix.dtype == torch.bool or ix.numel() == 0:

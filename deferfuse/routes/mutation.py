@@ -49,6 +49,8 @@ def route_mutating(func, args, kwargs):
         several = len(writes) > 1
         target = _written(func, writes, args, kwargs) if several else args[0]
         if not several and type(target) is TpuTensor:
+            if func in _NO_OVERLAP:  # their CPU kernels check dims and shapes first (fuzzer seed 634)
+                _check_meta(func, key, args, kwargs)
             check_no_partial_overlap(target, tensors)
             if func in _NO_OVERLAP:
                 check_no_overlap(target, tensors[1:])

@@ -166,8 +166,26 @@ def cpu_meta_instead(func, args: tuple, kwargs: dict, err: BaseException):
     except Exception as cpu:  # noqa: BLE001
         raise cpu.with_traceback(None) from None
     if isinstance(out, torch.Tensor):
-        return torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device="meta")
+        # the stand-ins are expanded (stride 0), so CPU laid its result out contiguously; its
+        # TensorIterator lays it out like the real inputs (`transposed_bool << 1`: seed 908)
+        like = _iterator_layout(args)
+        stride = like.stride() if like is not None and like.shape == out.shape else out.stride()
+        return torch.empty_strided(out.shape, stride, dtype=out.dtype, device="meta")
     raise err
+
+
+def _iterator_layout(args):
+    """A meta tensor laid out as an elementwise op over the call's tensors would lay it out."""
+    metas = [torch.empty_strided(a.shape, a.stride(), device="meta") for a in args if type(a) is TpuTensor]
+    if not metas:
+        return None
+    like = torch.empty_like(metas[0])
+    for m in metas[1:]:
+        try:
+            like = like + m
+        except RuntimeError:
+            return None
+    return like
 
 
 def from_cpu(call):

@@ -110,9 +110,31 @@ def round_decimals(x, *, decimals=0):
     return jnp.round(x, decimals)
 
 
+def cpu_max(a, b):
+    """CPU's max: NaN if either is NaN, else `b if a < b else a`, so max(-0.0, 0.0) is -0.0
+    where XLA's max gives 0.0 (relu_(-0.0) is -0.0 on CPU: 1 / it is -inf; fuzzer seed 897)."""
+    out = jnp.where(a < b, b, a)
+    return jnp.where(jnp.isnan(b), b, out) if jnp.issubdtype(jnp.result_type(out), jnp.inexact) else out
+
+
+def cpu_min(a, b):
+    """CPU's min: NaN if either is NaN, else `b if a > b else a` (min(0.0, -0.0) is 0.0)."""
+    out = jnp.where(a > b, b, a)
+    return jnp.where(jnp.isnan(b), b, out) if jnp.issubdtype(jnp.result_type(out), jnp.inexact) else out
+
+
+def _cpu_fmax(a, b):
+    """fmax: the number where one is NaN, else CPU's max rule for signed zeros."""
+    return jnp.where(jnp.isnan(b), a, jnp.where(jnp.isnan(a) | (a < b), b, a))
+
+
+def _cpu_fmin(a, b):
+    return jnp.where(jnp.isnan(b), a, jnp.where(jnp.isnan(a) | (a > b), b, a))
+
+
 @lowering(aten.relu.default, promote="default")
 def relu(x):
-    return jnp.maximum(x, jnp.zeros((), x.dtype))
+    return jnp.where(x < 0, jnp.zeros((), x.dtype), x)  # -0.0 and NaN stay, as on CPU
 
 
 @lowering(aten.gelu.default, promote="default")
@@ -130,7 +152,7 @@ def silu(x):
 
 @lowering(aten.hardtanh.default, promote="default")
 def hardtanh(x, min_val=-1.0, max_val=1.0):
-    return jnp.clip(x, min_val, max_val)
+    return cpu_min(cpu_max(x, min_val), max_val)
 
 
 @lowering(aten.leaky_relu.default, promote="default")
@@ -340,10 +362,10 @@ def pow_ts(ctx, x, exponent):
 
 
 for _op, _fn in [
-    (aten.maximum.default, jnp.maximum),
-    (aten.minimum.default, jnp.minimum),
-    (aten.fmax.default, jnp.fmax),
-    (aten.fmin.default, jnp.fmin),
+    (aten.maximum.default, cpu_max),
+    (aten.minimum.default, cpu_min),
+    (aten.fmax.default, _cpu_fmax),
+    (aten.fmin.default, _cpu_fmin),
     (aten.atan2.default, jnp.arctan2),
     (aten.hypot.default, jnp.hypot),
     (aten.copysign.Tensor, jnp.copysign),
@@ -436,9 +458,9 @@ def clamp(x, min=None, max=None):
     if jnp.iscomplexobj(max) and not jnp.iscomplexobj(x):
         max = jnp.real(max)
     if min is not None:
-        x = jnp.maximum(x, min)
+        x = cpu_max(x, min)
     if max is not None:
-        x = jnp.minimum(x, max)
+        x = cpu_min(x, max)
     return x
 
 
@@ -449,12 +471,12 @@ def clamp_tensor(x, min=None, max=None):
 
 @lowering(aten.clamp_min.default, aten.clamp_min.Tensor, promote="default")
 def clamp_min(x, min):
-    return jnp.maximum(x, min)
+    return cpu_max(x, min)
 
 
 @lowering(aten.clamp_max.default, aten.clamp_max.Tensor, promote="default")
 def clamp_max(x, max):
-    return jnp.minimum(x, max)
+    return cpu_min(x, max)
 
 
 def _masked_fill_meta(args, kwargs):

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from ..dtypes import to_jax_dtype, HALF as _HALF
-from .elementwise import lerp as _lerp
+from .elementwise import cpu_max, cpu_min, lerp as _lerp
 from .registry import aten, lowering
 
 
@@ -53,10 +53,10 @@ _binary("add", jnp.add)
 _binary("sub", jnp.subtract)
 _binary("mul", jnp.multiply)
 _binary("div", jnp.divide)
-_binary("maximum", jnp.maximum)
-_binary("minimum", jnp.minimum)
-_binary("clamp_min", jnp.maximum)
-_binary("clamp_max", jnp.minimum)
+_binary("maximum", cpu_max)
+_binary("minimum", cpu_min)
+_binary("clamp_min", cpu_max)
+_binary("clamp_max", cpu_min)
 _binary("pow", jnp.power)
 
 

@@ -496,3 +496,14 @@ def test_a_scatter_from_a_sparse_view_of_its_own_target_runs_like_cpu():
     for mode in MODES:
         check_raises_like_cpu(lambda d: (lambda v: v.scatter_add_(1, torch.tensor([[0, 1]], device=d), v))(
             torch.arange(1.0, 13.0, device=d).reshape(3, 4)[:, ::2][::2]), mode)
+
+
+def test_debug_index_writes_into_an_empty_tensor_check_no_index_like_cpu():
+    """Seed 1256: CPU's index_add_/index_copy_/index_fill_ into a tensor of no elements check no index."""
+    with deferfuse.mode("debug"):
+        x = torch.zeros(1, 0, device="tpu")
+        x.index_add_(0, torch.tensor([-1], device="tpu"), torch.zeros(1, 0, device="tpu"))
+        x.index_copy_(0, torch.tensor([5], device="tpu"), torch.zeros(1, 0, device="tpu"))
+        torch.zeros(2, 0, device="tpu").index_fill_(0, torch.tensor([5], device="tpu"), 1.0)
+        with pytest.raises(RuntimeError, match="out of bounds"):  # CPU's type and words
+            torch.zeros(1, 2, device="tpu").index_add_(0, torch.tensor([-2], device="tpu"), torch.zeros(1, 2, device="tpu"))

@@ -55,6 +55,8 @@ _INDEXED = {
 }
 
 
+_INDEX_WRITES = (aten.index_add.default, aten.index_add_.default, aten.index_copy.default, aten.index_copy_.default,
+                 aten.index_fill.int_Scalar, aten.index_fill_.int_Scalar)
 _EMBEDDINGS = (aten.embedding.default, aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
 
 
@@ -87,6 +89,8 @@ def _check_indices(func, spec, args, kwargs) -> None:
     src, idx = args[src_pos], args[idx_pos]
     if not isinstance(src, torch.Tensor):
         return
+    if src.numel() == 0 and func in _INDEX_WRITES:
+        return  # CPU writes nothing into an empty target and checks no index (fuzzer seed 1256)
     if dim_pos is None:
         if func in _EMBEDDINGS:
             pairs = [(idx, src.shape[0])]

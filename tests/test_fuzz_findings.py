@@ -507,3 +507,23 @@ def test_debug_index_writes_into_an_empty_tensor_check_no_index_like_cpu():
         torch.zeros(2, 0, device="tpu").index_fill_(0, torch.tensor([5], device="tpu"), 1.0)
         with pytest.raises(RuntimeError, match="out of bounds"):  # CPU's type and words
             torch.zeros(1, 2, device="tpu").index_add_(0, torch.tensor([-2], device="tpu"), torch.zeros(1, 2, device="tpu"))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_softmax_over_a_dim_out_of_range_raises_like_cpu(mode):
+    """Seed 1812: the meta kernels wrapped the dim."""
+    check_raises_like_cpu(lambda d: torch.softmax(torch.ones(3, device=d), 2), mode)
+    check_raises_like_cpu(lambda d: torch.log_softmax(torch.ones(3, device=d), -2), mode)
+
+
+def test_a_fallback_whose_meta_kernel_lays_out_unlike_cpu_is_never_recorded():
+    """Seed 1449: angle of a transposed complex tensor runs on CPU (contiguous result); its meta
+    kernel follows the input. The first call ran at once and later ones were recorded with the
+    meta kernel's layout, so calls disagreed with each other and with CPU."""
+    a = torch.tensor([[1 + 1j, 2, 3], [4, 5j, 6], [7, 8, 9]]).t()
+    for mode in MODES:
+        with deferfuse.mode(mode):
+            for _ in range(3):
+                got = a.to("tpu").angle()
+                assert got.stride() == a.angle().stride(), mode
+                torch.testing.assert_close(got.cpu(), a.angle())

@@ -17,14 +17,21 @@ from ..views import contiguous_strides
 from .registry import aten, bound, lowering
 
 
-@lowering(aten._softmax.default, family="norm")
+def _dim_in_range(args, kwargs, leaves):
+    """CPU's softmax refuses a dim out of range with an IndexError; the meta kernels wrap it
+    (`softmax(vector, 2)`: fuzzer seed 1812). Raises PyTorch's own error."""
+    torch._prims_common.canonicalize_dim(args[0].dim(), args[1])
+    return leaves
+
+
+@lowering(aten._softmax.default, family="norm", meta_fix=_dim_in_range)
 def softmax(x, dim, half_to_float):
     if x.ndim == 0:
         return jnp.ones_like(_up(x))
     return jax.nn.softmax(_up(x), axis=dim % x.ndim)
 
 
-@lowering(aten._log_softmax.default, family="norm")
+@lowering(aten._log_softmax.default, family="norm", meta_fix=_dim_in_range)
 def log_softmax(x, dim, half_to_float):
     if x.ndim == 0:
         return jnp.zeros_like(_up(x))

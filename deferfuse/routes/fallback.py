@@ -24,6 +24,7 @@ from ..tensor import TpuTensor, from_concrete, host_to_jax
 from ..transfers import resize, to_cpu
 
 _warned: set[str] = set()
+_AT_ONCE: set = set()  # host signatures whose meta kernel lays results out unlike CPU: never recorded
 
 
 def _note(func, reason: str) -> None:
@@ -82,6 +83,8 @@ def _try_record(func, args, kwargs, key, tensors, scalars):
     r = RECIPES.get(hkey)
     if r is not None:
         return emit(r, tensors, scalars)
+    if hkey in _AT_ONCE:
+        return NotImplemented
     try:
         r = make_recipe(func, spec_of(func), key, args, kwargs, low=None, host=True)
     except Exception:  # noqa: BLE001
@@ -94,8 +97,23 @@ def _try_record(func, args, kwargs, key, tensors, scalars):
     # (A rehearsal over stand-in values is not safe: CPU kernels trust their inputs, and CTC
     # loss's crashed the process.) Later calls of a signature that ran are recorded.
     out = run_now(func, args, kwargs)
-    RECIPES[hkey] = r
+    if _same_layouts(out, r.outs):
+        RECIPES[hkey] = r
+    else:  # the meta kernel lays the result out unlike CPU's kernel (angle of a transposed complex
+        # tensor): recorded, later calls would disagree with this one, so each runs at once
+        _AT_ONCE.add(hkey)
     return out
+
+
+def _same_layouts(out, outs) -> bool:
+    leaves = [t for t in (out if isinstance(out, (list, tuple)) else [out]) if isinstance(t, torch.Tensor)]
+    return len(leaves) == len(outs) and all(
+        _significant(t.shape, t.stride()) == _significant(o.size, o.stride) for t, o in zip(leaves, outs))
+
+
+def _significant(size, stride) -> tuple:
+    """The strides that decide a layout: those of dims longer than one, in a tensor with elements."""
+    return tuple(s for n, s in zip(size, stride) if n > 1) if all(size) else ()
 
 
 def run_now(func, args, kwargs):

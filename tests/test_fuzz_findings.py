@@ -527,3 +527,12 @@ def test_a_fallback_whose_meta_kernel_lays_out_unlike_cpu_is_never_recorded():
                 got = a.to("tpu").angle()
                 assert got.stride() == a.angle().stride(), mode
                 torch.testing.assert_close(got.cpu(), a.angle())
+
+
+def test_a_python_number_to_tensor_powers_like_cpu():
+    """Seed 3357: `False ** float_tensor` took the bool rule (0) where CPU computes 0.0 ** y
+    (inf for a negative y)."""
+    def run(d):
+        y = torch.tensor([-1.5, 0.0, 2.0, -2.0], device=d)
+        return False ** y, True ** y, 0 ** y, 2 ** torch.tensor([-1, 0, 3], device=d), False ** torch.tensor([1, 0], device=d)
+    check_all_modes(run, equal_nan=True)

@@ -320,9 +320,14 @@ def pow_tt(x, y):
 
 @lowering(aten.pow.Scalar, promote="default")
 def pow_scalar(x, exponent):
-    if jnp.issubdtype(jnp.result_type(x), jnp.complexfloating):
+    """A number to tensor powers: the kind of the pair decides (`False ** float_tensor` is a float
+    pow, 0 ** -1.5 = inf; the bool rule gave 0: fuzzer seed 3357)."""
+    dt = jnp.result_type(x, exponent)
+    if not jnp.issubdtype(dt, jnp.integer) and dt != jnp.bool_:
+        x = cast(jnp.asarray(x), dt)
+    if jnp.issubdtype(dt, jnp.complexfloating):
         return _complex_pow(x, exponent)
-    if jnp.issubdtype(jnp.result_type(x), jnp.inexact):
+    if jnp.issubdtype(dt, jnp.inexact):
         return jnp.power(x, exponent)
     return _int_pow(jnp.asarray(x), exponent)
 

@@ -92,8 +92,10 @@ def run(stmts: list[str], device: str, mode: str | None, cpu: Trace | None = Non
                     except Exception as err:  # noqa: BLE001 - compared with CPU's
                         trace.errors.append((type(err), str(err)))
                     if cpu is not None and mode != "debug" and stmts[i].endswith(DATA_CHECK) \
-                            and cpu.errors[i] is not None and trace.errors[i] is None:
-                        trace.errors[i] = cpu.errors[i]  # unchecked in this mode, as documented
+                            and cpu.errors[i] is not None and trace.errors[i] != cpu.errors[i]:
+                        # unchecked in this mode, as documented: tpu computed, or raised the error
+                        # CPU raises after its data check (a complex alpha after the index range)
+                        trace.errors[i] = cpu.errors[i]
                         ns.pop(stmts[i].split(" = ")[0], None)
                 for k in sorted(ns):
                     if _NAME.fullmatch(k):

@@ -536,3 +536,11 @@ def test_a_python_number_to_tensor_powers_like_cpu():
         y = torch.tensor([-1.5, 0.0, 2.0, -2.0], device=d)
         return False ** y, True ** y, 0 ** y, 2 ** torch.tensor([-1, 0, 3], device=d), False ** torch.tensor([1, 0], device=d)
     check_all_modes(run, equal_nan=True)
+
+
+def test_addcmul_of_integer_tensors_converts_its_value_first_like_cpu():
+    """Seed 4050: CPU converts `value` to the integer type (-1.5 is -1) before multiplying."""
+    check_all_modes(lambda d: (torch.addcmul(torch.tensor([3, -3], device=d), torch.tensor(2, device=d),
+                                             torch.tensor(1, device=d), value=-1.5),
+                               torch.addcmul(torch.tensor([3.0, -3.0], device=d), torch.tensor(2.0, device=d),
+                                             torch.tensor(1.0, device=d), value=-1.5)))

@@ -512,8 +512,11 @@ def lerp(start, end, weight):
     return jnp.where(jnp.abs(weight) < 0.5, start + weight * diff, end - diff * (1 - weight))
 
 
-@lowering(aten.addcmul.default, promote="default")
-def addcmul(x, t1, t2, *, value=1):
+@lowering(aten.addcmul.default, promote="default", ctx=True)
+def addcmul(ctx, x, t1, t2, *, value=1):
+    """For integer tensors CPU converts `value` to their type first (-1.5 is -1: seed 4050)."""
+    if jnp.issubdtype(to_jax_dtype(ctx.out_dtype), jnp.integer):
+        value = jnp.trunc(value)
     return x + value * t1 * t2
 
 

@@ -544,3 +544,24 @@ def test_addcmul_of_integer_tensors_converts_its_value_first_like_cpu():
                                              torch.tensor(1, device=d), value=-1.5),
                                torch.addcmul(torch.tensor([3.0, -3.0], device=d), torch.tensor(2.0, device=d),
                                              torch.tensor(1.0, device=d), value=-1.5)))
+
+
+def test_integer_pow_wraps_like_cpu_for_any_exponent():
+    """Seed 708: jnp.power's integer pow stops after six bits of the exponent (any more overflows),
+    so 512 ** 512 was 1 where CPU's wrapped result is 0."""
+    b = [512, 2, 2, 3, 24389, 7, 3, -3, 0, 1, -1, 5, -7]
+    e = [512, 64, 63, 100, 24389, 2 ** 40, 2 ** 62, 5, 0, -3, -3, -1, 3]
+    check_all_modes(lambda d: (torch.tensor(b, device=d) ** torch.tensor(e, device=d),
+                               torch.tensor(b[1:4] + b[7:], dtype=torch.int8, device=d) ** torch.tensor(9, dtype=torch.int8,
+                                                                                                     device=d)))
+
+
+def test_complex_zero_to_a_power_of_negative_real_part_like_cpu():
+    """Seed 893: CPU gives inf+nanj (exp(y * log(0))); XLA gave nan+nanj for a tensor exponent.
+    Compared part by part: which parts are NaN is the point here."""
+    x = torch.tensor([0j, 0j, 0j, 1 + 1j])
+    y = torch.tensor([-6 + 0j, -1.5 + 2j, 2 + 0j, -2 + 0j])
+    for mode in MODES:
+        with deferfuse.mode(mode):
+            got = torch.view_as_real((x.to("tpu") ** y.to("tpu")).cpu())
+            torch.testing.assert_close(got, torch.view_as_real(x ** y), equal_nan=True)

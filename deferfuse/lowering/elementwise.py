@@ -283,12 +283,24 @@ def fmod(x, y):
     return jnp.fmod(x, y)
 
 
+def _wrapping_pow(x, y):
+    """x ** y (y >= 0) by binary exponentiation over every bit of y, wrapping as C++ does:
+    jnp.power stops after six bits (any more would overflow), which is wrong where CPU's wrapped
+    result shows (512 ** 512 is 0 on CPU, 1 in jnp.power: fuzzer seed 708)."""
+    def step(_, carry):
+        acc, base, e = carry
+        return jnp.where((e & 1) != 0, acc * base, acc), base * base, e >> 1
+
+    acc, _, _ = lax.fori_loop(0, jnp.iinfo(y.dtype).bits, step, (jnp.ones_like(x), x, y))
+    return acc
+
+
 def _int_pow(x, y):
     """CPU's integer pow: wraps on overflow; a negative exponent gives 0 except for bases 1 and -1."""
     if x.dtype == jnp.bool_:
         return jnp.logical_or(x, jnp.logical_not(y))
     x, y = jnp.broadcast_arrays(x, y)
-    pos = jnp.power(x, jnp.maximum(y, 0).astype(y.dtype))
+    pos = _wrapping_pow(x, jnp.maximum(y, 0).astype(y.dtype))
     if not jnp.issubdtype(y.dtype, jnp.signedinteger):
         return pos
     one = jnp.ones((), x.dtype)
@@ -300,12 +312,16 @@ def _int_pow(x, y):
 def _complex_pow(x, y):
     """CPU's complex pow is exp(y * log(x)) in C99 arithmetic, so a zero base gives 0 for an exponent
     of positive real part and NaN for a zero exponent, where XLA's pow gives NaN and 1. The other
-    zero-base cases (pure imaginary: NaN, negative real part: inf+nanj) already agree; an infinite
-    imaginary part, whose result hangs on the zero's signs, is left to XLA."""
+    zero-base cases: pure imaginary gives NaN in both; a negative real part gives inf+nanj on CPU,
+    which XLA gives for some exponents and not others (nan+nanj for a tensor of -6: seed 893), so
+    it is set here. An infinite imaginary part, whose result hangs on the zero's signs, is left
+    to XLA."""
     y = jnp.asarray(y)
     dtype = jnp.result_type(x, y)
     zero = x == 0
     out = jnp.where(zero & (jnp.real(y) > 0) & ~jnp.isinf(jnp.imag(y)), jnp.zeros((), dtype), jnp.power(x, y))
+    out = jnp.where(zero & (jnp.real(y) < 0) & ~jnp.isinf(jnp.imag(y)), jnp.full((), complex(math.inf, math.nan), dtype),
+                    out)
     return jnp.where(zero & (y == 0), jnp.full((), complex(math.nan, math.nan), dtype), out)
 
 

@@ -253,7 +253,7 @@ def _floor_div(x, y):
     dt = jnp.result_type(x, y)
     if not jnp.issubdtype(dt, jnp.floating):
         return jnp.floor_divide(x, y)
-    x, y = jnp.broadcast_arrays(jnp.asarray(x).astype(dt), jnp.asarray(y).astype(dt))  # a bool divisor too
+    x, y = jnp.broadcast_arrays(cast(jnp.asarray(x), dt), cast(jnp.asarray(y), dt))  # a bool divisor too
     mod = lax.rem(x, y)
     div = (x - mod) / y
     div = jnp.where((mod != 0) & ((y < 0) != (mod < 0)), div - 1, div)
@@ -515,10 +515,9 @@ def _masked_fill_meta(args, kwargs):
 
 @lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor, meta=_masked_fill_meta)
 def masked_fill(x, mask, value):
-    value = jnp.asarray(value)
-    if jnp.iscomplexobj(value) and not jnp.iscomplexobj(x):  # the meta kernel let only CPU's cases through
-        value = value != 0 if x.dtype == jnp.bool_ else jnp.real(value)
-    return jnp.where(mask, value.astype(x.dtype), x)
+    # dtypes.cast takes a complex value into bool or a real type as CPU does (the meta kernel let
+    # only CPU's cases through)
+    return jnp.where(mask, cast(jnp.asarray(value), x.dtype), x)
 
 
 @lowering(aten.lerp.Scalar, aten.lerp.Tensor, promote="default")

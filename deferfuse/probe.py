@@ -94,6 +94,23 @@ def _float_index_argument(func, args, kwargs) -> bool:
     return False
 
 
+# integer divisions: CPU raises ZeroDivisionError for a zero number as divisor (`x // 0`). The
+# rehearsal runs once per signature, and a number's value is not part of it, so `x // 2` then
+# `x // 0` would skip it: these are rehearsed again whenever the number is 0
+_DIVISIONS = {getattr(getattr(aten, n), o)
+              for n in ("floor_divide", "floor_divide_", "remainder", "remainder_", "fmod", "fmod_", "div", "div_")
+              for o in getattr(aten, n).overloads() if o in ("default", "Scalar", "Tensor", "Scalar_mode", "Tensor_mode")}
+
+
+def divides_by_a_zero_number(func, args) -> bool:
+    if func not in _DIVISIONS or len(args) < 2:
+        return False
+    b = args[1]
+    if type(b) is torch.Tensor and b.dim() == 0 and not (b.dtype.is_floating_point or b.dtype.is_complex):
+        b = b.item()  # a wrapped Python number
+    return type(b) in (int, bool) and b == 0
+
+
 def run_cpu_probe(func, args: tuple, kwargs: dict, real_only: bool = False) -> None:
     """Run an op on CPU over stand-ins with the same dtypes and the call's Python scalars: its
     dtype and scalar checks raise CPU's own errors at the user's line. Meta kernels skip them

@@ -565,3 +565,18 @@ def test_complex_zero_to_a_power_of_negative_real_part_like_cpu():
         with deferfuse.mode(mode):
             got = torch.view_as_real((x.to("tpu") ** y.to("tpu")).cpu())
             torch.testing.assert_close(got, torch.view_as_real(x ** y), equal_nan=True)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_integer_division_by_zero_after_a_nonzero_number_raises_like_cpu(mode):
+    """A call's CPU rehearsal runs once per signature and a number's value is not part of it, so
+    `x // 2` (or `x // True`) made a later `x // 0` return a value instead of CPU's error."""
+    def after_two(call):
+        def run(d):
+            x = torch.tensor([7, -7], device=d)
+            call(x, 2)
+            return call(x, 0)
+        return run
+    for call in (lambda x, k: x // k, lambda x, k: x % k, lambda x, k: torch.fmod(x, k),
+                 lambda x, k: x.clone().floor_divide_(k)):
+        check_raises_like_cpu(after_two(call), mode)

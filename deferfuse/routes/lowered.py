@@ -9,6 +9,7 @@ from .. import rng
 from ..lowering import LOWERINGS
 from ..meta import meta_args, signature
 from ..precision import current as matmul_precision
+from ..probe import divides_by_a_zero_number, run_cpu_probe
 from ..record import CONTRACTIONS, RECIPES, emit, make_recipe, spec_of
 from ..tensor import TpuTensor
 from . import expansion, fallback
@@ -37,6 +38,8 @@ def route_lowered(func, args, kwargs):
         if low.supports is not None and not low.supports(*meta_args(args, kwargs)):
             return _unsupported(func, args, kwargs)
         r = RECIPES[key] = make_recipe(func, spec, key, args, kwargs, low)
+    elif scalars and divides_by_a_zero_number(func, args):
+        run_cpu_probe(func, args, kwargs)  # CPU's ZeroDivisionError for an integer `x // 0`
     if 0 < n <= info.whole_n and not kwargs and all(type(a) is TpuTensor for a in args):
         info.whole[key[2] if n == 1 else key[2:4]] = r
     return emit(r, tensors, scalars, rng.key_for(kwargs) if r.rng else None)

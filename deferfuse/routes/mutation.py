@@ -13,7 +13,7 @@ import torch
 from .. import dtypes, pending, rng
 from ..lowering import LOWERINGS
 from ..meta import run_meta, signature
-from ..probe import needs_cpu_probe, run_cpu_probe
+from ..probe import divides_by_a_zero_number, needs_cpu_probe, run_cpu_probe
 from ..record import RECIPES, spec_of
 from ..tensor import TpuTensor, redispatch
 from ..transfers import assign, assign_out, check_no_overlap, check_no_partial_overlap
@@ -44,6 +44,8 @@ def route_mutating(func, args, kwargs):
     kind = func._df.variant
     spec = func._df.spec or spec_of(func)
     key, tensors, scalars = signature(spec, args, kwargs)
+    if scalars and divides_by_a_zero_number(func, args):
+        run_cpu_probe(func, args, kwargs)  # CPU's ZeroDivisionError for an integer `x //= 0`
     if type(kind) is InPlace:
         writes = kind.writes
         several = len(writes) > 1

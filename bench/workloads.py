@@ -6,9 +6,10 @@ waits for the device. Engines:
 - strict, debug, defer_and_fuse: deferfuse's modes on "tpu";
 - jit: the same step recorded once with `deferfuse.capture` and replayed as one XLA program
   (deferfuse's own lowering with recording taken out: the limit DeferAndFuse can approach);
-- compiled: `torch.compile(step, backend="tpu")`: Dynamo/AOTAutograd graphs recorded once
-  through deferfuse's lowerings and replayed (forward, backward and optimizer step are separate
-  graphs, with `loss.backward()` a graph break between them);
+- compiled: `torch.compile(step, backend="tpu")` in DeferAndFuse, the migration path's last step:
+  Dynamo/AOTAutograd graphs recorded once through deferfuse's lowerings, then each call one node
+  of the pending graph (forward, backward and optimizer step are separate graphs, with
+  `loss.backward()` a graph break between them, fused into one program at the cut);
 - torchax: the peer, in its eager mode (runs in a process of its own, see torchax_runner.py).
 """
 from __future__ import annotations
@@ -39,10 +40,10 @@ _TORCHAX_ENV = []
 
 
 def _ctx(engine: str):
-    if engine in ("strict", "debug", "defer_and_fuse"):
+    if engine in ("strict", "debug", "defer_and_fuse", "compiled"):
         import deferfuse
 
-        return deferfuse.mode(engine)
+        return deferfuse.mode("defer_and_fuse" if engine == "compiled" else engine)
     if engine in ("torchax", "torchax_aten"):
         if not _TORCHAX_ENV:
             from torchax_shim import import_torchax

@@ -232,20 +232,65 @@ def test_dropout_model_trains():
                                rtol=1e-5, atol=1e-6)
 
 
-def test_pending_defer_and_fuse_work_flushes_before_a_compiled_call():
+def test_pending_defer_and_fuse_work_flushes_before_a_compiled_call_records():
     def f(x):
         return torch.exp(x) + 1
 
     cf = torch.compile(f, backend="tpu")
     x = torch.randn(4, 4)
-    cf(x.to("tpu"))  # compiled and recorded outside any mode
     with deferfuse.mode():
         xt = x.to("tpu") * 3  # pending
         before = deferfuse.metrics()["flushes_by_cause"].get("compile_mode_execution", 0)
-        out = cf(xt)
+        out = cf(xt)  # the graph's first call records it, on concrete inputs
         after = deferfuse.metrics()["flushes_by_cause"].get("compile_mode_execution", 0)
     assert after == before + 1
     torch.testing.assert_close(out.cpu(), f(x * 3))
+
+
+def test_a_replayed_call_in_defer_and_fuse_joins_the_pending_graph():
+    def f(x, buf):
+        buf.add_(x)  # an in-place update lands in the pending value of buf
+        return torch.exp(x) + buf, x[0]
+
+    cf = torch.compile(f, backend="tpu")
+    x, buf = torch.randn(4, 4), torch.zeros(4, 4)
+    xt, bt = x.to("tpu"), buf.to("tpu")
+    cf(xt, bt), f(x, buf)  # recorded
+    with deferfuse.mode():
+        flushes = deferfuse.metrics()["flushes"]
+        y = xt * 3  # pending
+        out, row = cf(y, bt)
+        out2, _ = cf(out, bt)  # reads the first call's pending result
+        assert deferfuse.metrics()["flushes"] == flushes  # nothing ran yet
+        got = out2.cpu()
+        assert deferfuse.metrics()["flushes"] == flushes + 1  # the eager op and both calls: one flush
+    ref, ref_row = f(x * 3, buf)
+    ref2, _ = f(ref, buf)
+    torch.testing.assert_close(got, ref2)
+    torch.testing.assert_close(bt.cpu(), buf)
+    torch.testing.assert_close(row.cpu(), ref_row)
+    y.mul_(0)  # the returned row is a view of the argument, as in eager
+    torch.testing.assert_close(row.cpu(), torch.zeros(4))
+
+
+def test_compiled_training_in_defer_and_fuse_runs_one_program_per_step():
+    m, ref = _mlp()
+    opt, ref_opt = torch.optim.AdamW(m.parameters(), lr=1e-2), torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    step = torch.compile(_step, backend="tpu")
+    losses, runs = [], []
+    with deferfuse.mode():
+        for x, y in _batches(8):
+            before = deferfuse.metrics()["execute_calls"]
+            losses.append(step(m, opt, x.to("tpu"), y.to("tpu")).detach())
+            deferfuse.sync()
+            runs.append(deferfuse.metrics()["execute_calls"] - before)
+    expected = [_step(ref, ref_opt, x, y).detach() for x, y in _batches(8)]
+    torch.testing.assert_close(torch.stack(losses).cpu(), torch.stack(expected), rtol=1e-5, atol=1e-6)
+    for p, q in zip(m.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-6)
+    # forward, backward and optimizer graphs and the eager ops between them: one program a step
+    assert runs[-3:] == [1, 1, 1], runs
 
 
 def test_a_compiled_graph_shares_the_cache_with_defer_and_fuse():

@@ -9,6 +9,12 @@ program on the new arguments without Python per op: the inputs' current values i
 fresh storages or written back into the arguments' storages (in-place updates of parameters and
 optimizer state land where eager puts them), random ops given fresh keys.
 
+In DeferAndFuse a replay is not run at once: it is recorded as one node of the pending graph
+(`Replay.defer`), whose function is the recorded graph's own, so a training step's forward,
+backward and optimizer graphs, and the eager ops around them, fuse into the program of the next
+flush, as a step recorded op by op would, while each graph costs one node to record. Strict and
+Debug run each replay at once.
+
 A graph that cannot be one program (a host read or a CPU fallback inside it) runs its ops through
 the recording path on every call instead, as DeferAndFuse would.
 """
@@ -19,11 +25,15 @@ import weakref
 
 import torch
 
-from .. import events, pending, rng, sources
+from .. import events, interrupts, modes, pending, program, rng, sources
 from ..capture import record_whole
 from ..causes import Cause
+from ..dtypes import to_jax_dtype
 from ..events import METRICS
+from ..executors.base import EagerMode
+from ..graph import OUT_BITS, Op, node_of, out_of
 from ..modes import DeferfuseMode
+from ..record import CALL
 from ..tensor import Storage, TpuTensor, new_tensor
 
 _RECORD = object()  # a signature seen for the first time
@@ -37,8 +47,8 @@ def signature(args) -> tuple:
     first: dict[int, int] = {}
     for i, a in enumerate(args):
         if type(a) is TpuTensor:
-            st = a._st
-            sig.append((a._lid, a._lay, st.shape, first.setdefault(id(st), i), st.value is None))
+            st = a._st  # pending or concrete is all one to a replay; uninitialised is not
+            sig.append((a._lid, a._lay, st.shape, first.setdefault(id(st), i), st.value is None and st.graph is None))
         elif isinstance(a, torch.Tensor):
             sig.append(("cpu", a.dtype, tuple(a.shape)))
         else:
@@ -64,12 +74,17 @@ class CompiledGraph:
     def __call__(self, *args):
         args = list(args[0]) if len(args) == 1 and type(args[0]) is list else list(args)
         METRICS.compiled_calls += 1
+        sig = signature(args)
+        replay = self.replays.get(sig, _RECORD)
+        ex = modes.current()
+        if replay is not None and replay is not _RECORD and ex.kind is EagerMode.DEFER_AND_FUSE and replay.deferrable:
+            out = replay.defer(args, sources.user_frame(2))
+            ex.after_graph(replay.op.id, replay.weight)
+            return out
         if pending.pending_count():
             # DeferAndFuse work recorded before this call runs first, as its own flush, reported
             # at the user's line inside the compiled function (Dynamo's code keeps its file)
             pending.flush(Cause.COMPILE_MODE_EXECUTION, sources.user_frame(2))
-        sig = signature(args)
-        replay = self.replays.get(sig, _RECORD)
         if replay is None:
             return self._record_each_call(args)
         if replay is _RECORD:
@@ -177,6 +192,17 @@ class Replay:
                      for p, s in enumerate(self.scalars) if type(s) in (rng.Seed, rng.Counter)]
         self.draws = 1 + max((d for _, seed, d in self.keys if not seed), default=-1)
         self.scalars = [int(s) if type(s) in (rng.Seed, rng.Counter) else s for s in self.scalars]
+        # for DeferAndFuse: the whole graph as one node (`defer`), weighing as its ops do for the
+        # period detector, so a training step of three such nodes is cut as the eager step is
+        self.in_avals = list(g.input_avals)
+        self.weight = len(g.nodes)
+        self.op = None
+        n_out = 1 + max((idx for _, idx in outputs), default=-1)
+        if plan is not None and n_out < 1 << OUT_BITS:
+            out_refs = [0] * n_out
+            for st, idx in outputs:
+                out_refs[idx] = st.ref  # a flush leaves each storage's ref in place
+            self.op = _graph_op(g, out_refs)
 
     def __call__(self, args: list) -> list:
         values = self._run(args) if self.plan is not None else []
@@ -187,6 +213,47 @@ class Replay:
             if st is not None:
                 st.set_value(values[idx])
         fresh = [Storage(None if idx is None else values[idx], shape, dtype) for idx, shape, dtype in self.slots]
+        return self._results(args, fresh)
+
+    @property
+    def deferrable(self) -> bool:
+        """Whether this call can be one node of the pending graph (not inside `deferfuse.capture`,
+        whose graph tracks where each input came from)."""
+        return self.op is not None and pending.PENDING.graph.sources is None
+
+    def defer(self, args: list, where) -> list:
+        """Record the call as one node of the pending graph: what the program reads is each
+        storage's current (maybe pending) value, what it writes becomes those storages' pending values."""
+        g = pending.PENDING.graph
+        CALL.in_op += 1  # Ctrl-C waits until the node and every storage it writes are in place
+        try:
+            refs = []
+            for feed, (shape, dtype) in zip(self.feeds, self.in_avals):
+                st = args[feed[1]]._st if feed[0] == 0 else feed[1]() if feed[0] == 1 else None
+                if st is not None and (feed[0] == 0 or st.graph is g or st.value is not None):
+                    refs.append(pending.value_ref(g, st))
+                else:  # a constant of the graph, or a storage that holds nothing now: its recorded value
+                    refs.append(g.input_ref(feed[-1], shape, dtype))
+            base = g.add(self.op, tuple(refs), self._call_scalars(), where)
+            METRICS.ops_recorded += 1
+            for i, idx in self.into_args:
+                args[i]._st.set_pending(g, base | idx)
+            for ref, idx in self.into_storages:
+                st = ref()
+                if st is not None:
+                    st.set_pending(g, base | idx)
+            fresh = []
+            for idx, shape, dtype in self.slots:
+                fresh.append(Storage(None, shape, dtype) if idx is None else Storage(None, shape, dtype, g, base | idx))
+                if idx is not None:
+                    g.track(fresh[-1])
+            return self._results(args, fresh)
+        finally:
+            CALL.in_op -= 1
+            if interrupts.held():
+                interrupts.deliver()
+
+    def _results(self, args: list, fresh: list) -> list:
         out = []
         for kind, where, meta in self.results:
             if kind == 2:
@@ -216,12 +283,7 @@ class Replay:
                 inputs.append(feed[1])
         for st, _, _ in handed:
             st.value = None
-        scalars = self.scalars
-        if self.keys:
-            scalars = list(scalars)
-            seed, base = rng.reserve(self.draws)
-            for p, is_seed, d in self.keys:
-                scalars[p] = seed if is_seed else base + d
+        scalars = self._call_scalars()
         single = self.plan.single
         variants = single.compiled
         t0 = time.perf_counter()
@@ -238,7 +300,34 @@ class Replay:
         pending.track_inflight(values)  # deferfuse.sync() waits for replays like any program
         return values
 
+    def _call_scalars(self) -> list:
+        """The graph's scalars, with fresh keys for its random ops."""
+        scalars = self.scalars
+        if self.keys:
+            scalars = list(scalars)
+            seed, base = rng.reserve(self.draws)
+            for p, is_seed, d in self.keys:
+                scalars[p] = seed if is_seed else base + d
+        return scalars
+
     def _replaces(self, handed) -> dict[int, int]:
         """Input position -> output position of each argument storage the call reads and overwrites."""
         out_of = dict(self.into_args)
         return {pos: out_of[i] for _, pos, i in handed}
+
+
+def _graph_op(g, out_refs: list) -> Op:
+    """The recorded graph as one Op: its nodes traced by the program builder, as a flush of them
+    would trace them. Interned by structure, so identical graphs share one Op (and programs)."""
+    nodes = list(g.nodes)
+    in_refs = [-(i + 1) for i in range(len(g.inputs))]
+    avals = [nodes[node_of(r)].op.out_avals[out_of(r)] if r >= 0
+             else (g.input_avals[-r - 1][0], to_jax_dtype(g.input_avals[-r - 1][1])) for r in out_refs]
+    key = ("compiled", tuple(g.sig), tuple(g.input_avals), tuple(out_refs))
+    n_scalars = len(g.scalars)  # not `g` itself: its inputs are the first call's arrays
+
+    def make():
+        inner = program.build(nodes, range(len(nodes)), in_refs, out_refs, None)
+        return Op(key, "compiled_graph", inner, avals, n_scalars, family="compiled")
+
+    return Op.intern(key, make)

@@ -43,16 +43,27 @@ class DeferredExecutor(Executor):
         nodes = stream.graph.nodes
         n = len(nodes)
         added = n - stream.pushed
-        if not added:
-            return
+        if added:
+            # the op and the shape it produced last: a loop over differently shaped tensors (an
+            # optimizer creating its state) is no loop. Not the op's full id: that covers view
+            # offsets, which change every iteration of a loop writing a KV cache. Not how many
+            # nodes it added: the first iteration after a flush records again the view reads the
+            # previous iterations shared, and must not break the period.
+            self._cut(n, (func._df.fid << 32) ^ nodes[-1].op.shape_hash, added)
+
+    def after_graph(self, op_id: int, weight: int) -> None:
+        """After a compiled graph's call recorded as one node (compiler/graphs.py): it weighs as
+        the `weight` ops inside it, so a loop of compiled steps is cut between whole steps as the
+        same loop recorded op by op is, not once a tight-loop run of nodes fills the graph."""
+        stream = _PENDING
+        n = len(stream.graph.nodes)
+        self._cut(n, hash(("compiled", op_id)), n - stream.pushed - 1 + weight)
+
+    def _cut(self, n: int, h: int, added: int) -> None:
+        stream = _PENDING
         stream.pushed = n
         period = stream.period
-        # the op and the shape it produced last: a loop over differently shaped tensors (an
-        # optimizer creating its state) is no loop. Not the op's full id: that covers view
-        # offsets, which change every iteration of a loop writing a KV cache. Not how many nodes
-        # it added: the first iteration after a flush records again the view reads the previous
-        # iterations shared, and must not break the period.
-        p = period.push((func._df.fid << 32) ^ nodes[-1].op.shape_hash, added)
+        p = period.push(h, added)
         if p:
             c = CONFIG
             block = c.fuse_block_ops

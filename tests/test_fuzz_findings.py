@@ -580,3 +580,20 @@ def test_integer_division_by_zero_after_a_nonzero_number_raises_like_cpu(mode):
     for call in (lambda x, k: x // k, lambda x, k: x % k, lambda x, k: torch.fmod(x, k),
                  lambda x, k: x.clone().floor_divide_(k)):
         check_raises_like_cpu(after_two(call), mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_integer_addmm_with_a_float_beta_over_an_empty_contraction_raises_like_cpu(mode):
+    """CPU refuses a float beta for an integer result only when the contraction is empty (seed
+    2943); with a non-empty one, or an integral beta, it computes."""
+    def addmm(k, beta):
+        def run(d):
+            a = torch.ones(2, 2, dtype=torch.long, device=d)
+            return torch.addmm(a, torch.ones(2, k, dtype=torch.long, device=d),
+                               torch.ones(k, 2, dtype=torch.long, device=d), beta=beta)
+        return run
+    check_raises_like_cpu(addmm(0, 0.5), mode)
+    for k, beta in ((0, 2), (1, 0.5)):
+        with deferfuse.mode(mode):
+            got = addmm(k, beta)("tpu").cpu()
+        torch.testing.assert_close(got, addmm(k, beta)("cpu"))

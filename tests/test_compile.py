@@ -381,7 +381,7 @@ def test_the_report_lists_compiled_graphs_and_graph_breaks():
     assert [s["file"] for s in rep["flushes"]["by_source"]] == [__file__, __file__], rep["flushes"]
 
 
-@pytest.mark.parametrize("how", ["generate_compiles_itself", "compiled_forward"])
+@pytest.mark.parametrize("how", ["generate_compiles_itself", "compiled_forward", "compiled_forward_deferred"])
 def test_static_cache_generation_matches_cpu(how):
     # transformers' generate compiles the forward itself (with Inductor) when the device is not
     # CPU and the cache is static: on tpu that graph goes to "tpu"; or the user compiles forward
@@ -392,12 +392,15 @@ def test_static_cache_generation_matches_cpu(how):
     torch.manual_seed(0)
     ref = LlamaForCausalLM(cfg).eval()
     model = copy.deepcopy(ref).to("tpu")
-    if how == "compiled_forward":
+    if how != "generate_compiles_itself":
         model.forward = torch.compile(model.forward, backend="tpu")
     ids = torch.tensor([[1, 5, 9, 3]])
     expected = ref.generate(ids, max_new_tokens=8, do_sample=False, cache_implementation="static")
     calls = deferfuse.metrics()["compiled_calls"]
-    got = model.generate(ids.to("tpu"), max_new_tokens=8, do_sample=False, cache_implementation="static")
+    # in DeferAndFuse each decoding step's compiled forward is a pending node, flushed with the
+    # eager ops around it at the step's host read
+    with deferfuse.mode("defer_and_fuse" if how == "compiled_forward_deferred" else "strict"):
+        got = model.generate(ids.to("tpu"), max_new_tokens=8, do_sample=False, cache_implementation="static")
     assert got.cpu().tolist() == expected.tolist()
     assert deferfuse.metrics()["compiled_calls"] - calls >= 7  # the decoding steps ran compiled
 

@@ -8,6 +8,7 @@ as CUDA kernels do not check either.
 from __future__ import annotations
 
 import jax.numpy as jnp
+import torch
 
 from .registry import aten, lowering
 
@@ -156,7 +157,15 @@ def index_copy(x, dim, index, source):
     return x.at[(slice(None),) * dim + (index.reshape(-1),)].set(source.astype(x.dtype))
 
 
-@lowering(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor, family="index")
+def _cloned_layout(args, kwargs, leaves):
+    """CPU's index_fill fills a clone of self, laid out as self is (a transposed or strided self
+    gives a result that is not row-major); its meta kernel returns a row-major one (seed 4669)."""
+    x = args[0]
+    like = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta").clone()
+    return [like] if like.stride() != leaves[0].stride() else leaves
+
+
+@lowering(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor, family="index", meta_fix=_cloned_layout)
 def index_fill(x, dim, index, value):
     if x.ndim == 0:  # no index fills nothing
         return jnp.asarray(value).astype(x.dtype).reshape(()) if index.size else x

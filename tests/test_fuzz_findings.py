@@ -609,3 +609,35 @@ def test_index_fill_of_a_strided_tensor_is_laid_out_like_cpu(mode):
             got = src.to("tpu").index_fill(0, torch.tensor([0, 0], device="tpu"), 3.0)
             assert got.stride() == expected.stride()
             torch.testing.assert_close(got.cpu(), expected)
+
+
+def test_integer_division_by_a_python_bool_with_a_rounding_mode():
+    """`div(int_tensor, True, rounding_mode=...)` failed inside the lowering (seed 5859)."""
+    for rounding in ("trunc", "floor"):
+        check_all_modes(lambda d, r=rounding: torch.div(torch.tensor([[3, -5, 0], [7, 2, -1]], device=d).t(), True,
+                                                        rounding_mode=r))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_roll_of_an_empty_tensor_ignores_its_dims_like_cpu(mode):
+    """CPU returns a clone of an empty tensor before looking at roll's dims (seed 5860)."""
+    with deferfuse.mode(mode):
+        got = torch.empty(0, 3, device="tpu").roll(1, 3)
+        assert got.shape == (0, 3)
+    check_raises_like_cpu(lambda d: torch.empty(0, 3, device=d).roll([1, 2], [0]), mode)  # still CPU's checks
+    check_raises_like_cpu(lambda d: torch.ones(2, 3, device=d).roll(1, 3), mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_complex_clamp_in_place_over_itself_raises_cpus_error(mode):
+    """CPU refuses a complex clamp_ before it looks at the overlap of its operands (seed 5158);
+    other in-place ops report the overlap first."""
+    def clamp(d):
+        a = torch.tensor(1 + 2j, device=d)
+        a.unsqueeze(0).clamp_(min=a)
+
+    def lt(d):
+        a = torch.tensor([1 + 2j, 3j, 1j], device=d)
+        a[:2].lt_(a[1:])
+    assert type(check_raises_like_cpu(clamp, mode)) is NotImplementedError
+    check_raises_like_cpu(lt, mode)

@@ -235,6 +235,8 @@ def div_mode(ctx, x, y, *, rounding_mode=None):
         x, y = (v if jnp.issubdtype(jnp.result_type(v), jnp.inexact) else cast(jnp.asarray(v), out) for v in (x, y))
         return x / y
     if jnp.issubdtype(x.dtype, jnp.integer):
+        if jnp.result_type(y) == jnp.bool_:  # `div(int_tensor, True, ...)`: lax.div takes no bool (5859)
+            y = cast(jnp.asarray(y), x.dtype)
         if rounding_mode == "trunc":
             return lax.div(*jnp.broadcast_arrays(x, y))
         return jnp.floor_divide(x, y)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 from jax import lax
+import torch
 
 from .. import views
 from ..dtypes import to_jax_dtype
@@ -44,8 +45,21 @@ def flip(x, dims):
     return jnp.flip(x, axis=tuple(d % x.ndim for d in dims)) if x.ndim else x
 
 
-@lowering(aten.roll.default, family="misc")
+def _roll_meta(args, kwargs):
+    """CPU's roll of an empty tensor returns its clone before it looks at the dims (seed 5860:
+    `empty.roll(1, 3)` of a 2-dim tensor); the meta kernel checks them first. CPU's kernel over
+    an empty stand-in says what it accepts."""
+    x = args[0]
+    if x.numel():
+        return aten.roll(*args, **kwargs)
+    aten.roll(torch.empty(x.shape, dtype=x.dtype), *args[1:], **kwargs)
+    return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")  # an empty clone keeps its strides
+
+
+@lowering(aten.roll.default, family="misc", meta=_roll_meta)
 def roll(x, shifts, dims=()):
+    if not x.size:
+        return x
     if not dims:
         return jnp.roll(x.reshape(-1), shifts[0]).reshape(x.shape)
     return jnp.roll(x, tuple(shifts), axis=tuple(dims))

@@ -36,6 +36,9 @@ _CHECKED: set = set()  # signatures whose meta kernel has run
 # write one value everywhere: CPU lets them write a view whose elements share memory
 _FILLS = (aten.fill_.Scalar, aten.fill_.Tensor, aten.zero_.default)
 # CPU refuses an input sharing any element with the target, even all of them (`x.index_add_(0, i, x)`)
+# in-place ops whose CPU kernels refuse complex tensors before checking overlap (the others check
+# overlap first: `a[:2].lt_(a[1:])` of a complex a is refused for its overlap)
+_COMPLEX_FIRST = (aten.clamp_.default, aten.clamp_.Tensor, aten.heaviside_.default)
 _NO_OVERLAP = (aten.scatter_.src, aten.scatter_add_.default, aten.scatter_reduce_.two, aten.index_add_.default,
                aten.index_copy_.default, aten.put_.default)
 
@@ -51,7 +54,9 @@ def route_mutating(func, args, kwargs):
         several = len(writes) > 1
         target = _written(func, writes, args, kwargs) if several else args[0]
         if not several and type(target) is TpuTensor:
-            if func in _NO_OVERLAP:  # their CPU kernels check dims and shapes first (fuzzer seed 634)
+            if func in _NO_OVERLAP or func in _COMPLEX_FIRST and any(t.dtype.is_complex for t in tensors):
+                # their CPU kernels check dims and shapes first (fuzzer seed 634), or refuse
+                # complex numbers before they look at overlap (seed 5158)
                 _check_meta(func, key, args, kwargs)
             check_no_partial_overlap(target, tensors)
             if func in _NO_OVERLAP:

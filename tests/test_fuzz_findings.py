@@ -641,3 +641,15 @@ def test_complex_clamp_in_place_over_itself_raises_cpus_error(mode):
         a[:2].lt_(a[1:])
     assert type(check_raises_like_cpu(clamp, mode)) is NotImplementedError
     check_raises_like_cpu(lt, mode)
+
+
+@pytest.mark.parametrize("value", [2 + 0j, -1.5, 2 ** 40 + 0.5])
+def test_integer_addcmul_converts_value_and_stays_integer(value):
+    """A complex `value` failed in the lowering (seed 6177); a float one made the product
+    float32, which rounded int64 values past 2^24."""
+    def run(d):
+        a = torch.tensor([-5, 1, 3], device=d)
+        b = torch.arange(12, device=d).view(3, 4)[:, ::2] - 5
+        b.addcmul_(torch.full((1, 1), 3, device=d), torch.full((1, 1), -2, device=d), value=value)
+        return torch.addcmul(a, a, a, value=value), b
+    check_all_modes(run, rtol=0, atol=0)

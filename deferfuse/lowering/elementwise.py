@@ -529,11 +529,14 @@ def lerp(start, end, weight):
     return jnp.where(jnp.abs(weight) < 0.5, start + weight * diff, end - diff * (1 - weight))
 
 
-@lowering(aten.addcmul.default, promote="default", ctx=True)
+@lowering(aten.addcmul.default, promote="default", promote_args=("self", "tensor1", "tensor2"), ctx=True)
 def addcmul(ctx, x, t1, t2, *, value=1):
-    """For integer tensors CPU converts `value` to their type first (-1.5 is -1: seed 4050)."""
-    if jnp.issubdtype(to_jax_dtype(ctx.out_dtype), jnp.integer):
-        value = jnp.trunc(value)
+    """`value` takes no part in the result type; for integer tensors CPU converts it to their
+    type first (-1.5 is -1: seed 4050; a complex 2+0j is 2: seed 6177), and the product stays
+    integer (a float `value` made it float32, rounding int64 values past 2^24)."""
+    out = to_jax_dtype(ctx.out_dtype)
+    if jnp.issubdtype(out, jnp.integer):
+        value = cast(jnp.asarray(value), out)
     return x + value * t1 * t2
 
 

@@ -653,3 +653,13 @@ def test_integer_addcmul_converts_value_and_stays_integer(value):
         b.addcmul_(torch.full((1, 1), 3, device=d), torch.full((1, 1), -2, device=d), value=value)
         return torch.addcmul(a, a, a, value=value), b
     check_all_modes(run, rtol=0, atol=0)
+
+
+def test_complex_addcdiv_by_zero_multiplies_value_first_like_cpu():
+    """CPU computes `value * t1 / t2` in that order: a complex t1 over zero is infinite in both
+    parts, where `value * (t1 / t2)` made NaN of 0 * inf (seed 6076)."""
+    def run(d):
+        x = torch.tensor([[1.0, -2.0], [0.0, 3.0]], dtype=torch.bfloat16, device=d)
+        t1 = torch.tensor([[1 + 2j], [-3 + 0.5j]], dtype=torch.complex64, device=d)
+        return torch.view_as_real(torch.addcdiv(x, t1, x, value=3.0))
+    check_all_modes(run, equal_nan=True)

@@ -663,3 +663,16 @@ def test_complex_addcdiv_by_zero_multiplies_value_first_like_cpu():
         t1 = torch.tensor([[1 + 2j], [-3 + 0.5j]], dtype=torch.complex64, device=d)
         return torch.view_as_real(torch.addcdiv(x, t1, x, value=3.0))
     check_all_modes(run, equal_nan=True)
+
+
+@pytest.mark.parametrize("fn", [torch.var_mean, torch.std_mean])
+def test_var_mean_over_infinities_follows_cpus_welford_mean(fn):
+    """CPU's Welford mean is NaN once an element follows an infinity; an infinity met last (in
+    memory order) survives (seeds 4383, 6391)."""
+    inf = float("inf")
+    x = torch.ones(4, 3, dtype=torch.float64)
+    x[3, 2] = inf
+    calls = [(torch.tensor([-inf, 1.0, 2.0]), {}), (torch.tensor([1.0, 2.0, inf]), {}), (x, {}), (x.t(), {}),
+             (x, {"dim": 0}), (x.t(), {"dim": 1, "keepdim": True}), (x.t(), {"dim": 0})]
+    for t, kwargs in calls:
+        check_all_modes(lambda d, t=t, kwargs=kwargs: fn(t.to(d), **kwargs), equal_nan=True)

@@ -2,6 +2,8 @@
 its root and checked here in every mode (issue 31)."""
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -676,3 +678,19 @@ def test_var_mean_over_infinities_follows_cpus_welford_mean(fn):
              (x, {"dim": 0}), (x.t(), {"dim": 1, "keepdim": True}), (x.t(), {"dim": 0})]
     for t, kwargs in calls:
         check_all_modes(lambda d, t=t, kwargs=kwargs: fn(t.to(d), **kwargs), equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_division_of_zeros_and_infinities_matches_cpu(dtype):
+    """CPU divides complex numbers by c10::complex's rule (Smith's algorithm; a zero divisor
+    divides each part by its magnitude), XLA by C99's: `1 / (inf+infj)` was 0 where CPU gives
+    NaN (seeds 4091, 6076)."""
+    inf, nan = float("inf"), float("nan")
+    parts = [0.0, -0.0, 1.5, -2.0, inf, -inf, nan]
+    x = torch.tensor([complex(r, i) for r, i in itertools.product(parts, parts)], dtype=dtype)
+    a, b = x.repeat_interleave(len(x)), x.repeat(len(x))
+
+    def run(d):
+        return [torch.view_as_real(v) for v in (a.to(d) / b.to(d), x.to(d).reciprocal(), 2.5 / x.to(d),
+                                                 torch.addcdiv(a.to(d), a.to(d), b.to(d), value=2.0))]
+    check_all_modes(run, equal_nan=True)

@@ -51,7 +51,7 @@ for _op, _fn in [
     (aten.erfc.default, jax.scipy.special.erfc),
     (aten.erfinv.default, jax.scipy.special.erfinv),
     (aten.lgamma.default, jax.scipy.special.gammaln),
-    (aten.reciprocal.default, jnp.reciprocal),
+    (aten.reciprocal.default, lambda x: _true_divide(1, x) if jnp.iscomplexobj(x) else jnp.reciprocal(x)),
     (aten.sinc.default, jnp.sinc),
     (aten.deg2rad.default, jnp.deg2rad),
     (aten.rad2deg.default, jnp.rad2deg),
@@ -207,7 +207,32 @@ def mul(x, y):
 
 @lowering(aten.div.Tensor, aten.div.Scalar, promote="int_to_float")
 def div(x, y):
-    return x / y
+    return _true_divide(x, y)
+
+
+def _true_divide(x, y):
+    """x / y, with c10::complex's division for complex numbers (Smith's algorithm, and each part
+    over the magnitudes of a zero divisor), which CPU's kernels use: XLA's follows C99, where
+    `1 / (inf+infj)` is 0 and CPU's is NaN (seeds 4091, 6076)."""
+    if not (jnp.iscomplexobj(x) or jnp.iscomplexobj(y)):
+        return x / y
+    dt = jnp.result_type(x, y)
+    a, b = jnp.real(x), jnp.imag(x)
+    c, d = jnp.real(y), jnp.imag(y)
+    abs_c, abs_d = jnp.abs(c), jnp.abs(d)
+    # c10 multiplies by 1 / (c + d * rat); dividing instead differs by rounding only, and keeps
+    # a huge divisor's reciprocal from becoming a subnormal, which XLA:CPU flushes to zero
+    rat = d / c
+    den = c + d * rat
+    re, im = (a + b * rat) / den, (b - a * rat) / den  # |c| >= |d|
+    zero = (abs_c == 0) & (abs_d == 0)
+    re, im = jnp.where(zero, a / abs_c, re), jnp.where(zero, b / abs_d, im)
+    rat2 = c / d
+    den2 = d + c * rat2
+    first = abs_c >= abs_d
+    re = jnp.where(first, re, (a * rat2 + b) / den2)
+    im = jnp.where(first, im, (b * rat2 - a) / den2)
+    return lax.complex(re, im).astype(dt)
 
 
 def _binary_layout(args, kwargs, leaves):
@@ -544,7 +569,7 @@ def addcmul(ctx, x, t1, t2, *, value=1):
 def addcdiv(x, t1, t2, *, value=1):
     """In CPU's order, `value * t1` first: a complex `t1 / 0` is infinite in both parts, and
     multiplying that by a real `value` makes NaN of 0 * inf where CPU's order does not (seed 6076)."""
-    return x + value * t1 / t2
+    return x + _true_divide(value * t1, t2)
 
 
 @lowering(aten.sigmoid_backward.default, promote="default")

@@ -694,3 +694,19 @@ def test_complex_division_of_zeros_and_infinities_matches_cpu(dtype):
         return [torch.view_as_real(v) for v in (a.to(d) / b.to(d), x.to(d).reciprocal(), 2.5 / x.to(d),
                                                  torch.addcdiv(a.to(d), a.to(d), b.to(d), value=2.0))]
     check_all_modes(run, equal_nan=True)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_index_add_with_an_empty_index_never_converts_alpha(mode):
+    """CPU adds nothing for an empty index and never converts alpha, so a complex alpha for an
+    integer tensor raises only when something is added (seed 7404)."""
+    def index_add(n):
+        def run(d):
+            a = torch.zeros(3, 2, dtype=torch.int64, device=d).t()
+            return a.index_add(0, torch.zeros(n, dtype=torch.int64, device=d),
+                               torch.ones(n, 3, dtype=torch.int64, device=d), alpha=-1 + 0.5j)
+        return run
+    with deferfuse.mode(mode):
+        got = index_add(0)("tpu").cpu()
+    torch.testing.assert_close(got, index_add(0)("cpu"))
+    check_raises_like_cpu(index_add(1), mode)

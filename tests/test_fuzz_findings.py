@@ -697,16 +697,20 @@ def test_complex_division_of_zeros_and_infinities_matches_cpu(dtype):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_index_add_with_an_empty_index_never_converts_alpha(mode):
-    """CPU adds nothing for an empty index and never converts alpha, so a complex alpha for an
-    integer tensor raises only when something is added (seed 7404)."""
-    def index_add(n):
+def test_index_add_converts_alpha_only_where_cpu_does(mode):
+    """CPU's kernel returns before converting alpha when self has more than one dim and the index
+    or self is empty, so a complex alpha for a real tensor raises only otherwise (seeds 7404,
+    9063, 9117)."""
+    def index_add(shape, n, source, dtype):
         def run(d):
-            a = torch.zeros(3, 2, dtype=torch.int64, device=d).t()
+            a = torch.zeros(shape, dtype=dtype, device=d)
             return a.index_add(0, torch.zeros(n, dtype=torch.int64, device=d),
-                               torch.ones(n, 3, dtype=torch.int64, device=d), alpha=-1 + 0.5j)
+                               torch.ones(source, dtype=dtype, device=d), alpha=-1 + 0.5j)
         return run
-    with deferfuse.mode(mode):
-        got = index_add(0)("tpu").cpu()
-    torch.testing.assert_close(got, index_add(0)("cpu"))
-    check_raises_like_cpu(index_add(1), mode)
+    for dtype in (torch.int64, torch.float32):
+        for shape, n, source in (((2, 3), 0, (0, 3)), ((2, 0), 2, (2, 0))):
+            with deferfuse.mode(mode):
+                got = index_add(shape, n, source, dtype)("tpu").cpu()
+            torch.testing.assert_close(got, index_add(shape, n, source, dtype)("cpu"))
+        for shape, n, source in (((3,), 0, (0,)), ((3,), 1, (1,)), ((2, 3), 2, (2, 3))):
+            check_raises_like_cpu(index_add(shape, n, source, dtype), mode)

@@ -79,10 +79,10 @@ def cast_keyword(name: str, route):
         dtype = args[0].dtype
         if type(v) in (int, float, complex) and not dtype.is_complex and (
                 type(v) is complex or not dtype.is_floating_point):
-            # CPU adds nothing for an empty index and never converts alpha (seed 7404: a complex
-            # alpha for an integer tensor), so neither does this
-            empty = isinstance(args[2], torch.Tensor) and args[2].numel() == 0
-            kwargs = dict(kwargs, **{name: 1 if empty else cpu_cast(v, dtype)})
+            # CPU's kernel returns before converting alpha when self has more than one dim and
+            # the index or self is empty (seeds 7404, 9063); a 1-dim self converts it anyway (9117)
+            skip = args[0].dim() > 1 and (args[0].numel() == 0 or args[2].numel() == 0)
+            kwargs = dict(kwargs, **{name: 1 if skip else cpu_cast(v, dtype)})
         return route(func, args, kwargs)
 
     route_cast.inner = route  # what the in-place fast path and the coverage table look for

@@ -714,3 +714,16 @@ def test_index_add_converts_alpha_only_where_cpu_does(mode):
             torch.testing.assert_close(got, index_add(shape, n, source, dtype)("cpu"))
         for shape, n, source in (((3,), 0, (0,)), ((3,), 1, (1,)), ((2, 3), 2, (2, 3))):
             check_raises_like_cpu(index_add(shape, n, source, dtype), mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_number_to_tensor_powers_is_row_major_like_cpu(mode):
+    """CPU lays `number ** tensor` out row-major whatever the exponent's layout (seeds 8582, 9231)."""
+    for e in (torch.arange(9).view(3, 3).t(), torch.arange(12.0).view(3, 4)[:, ::2],
+              torch.arange(24.0).view(1, 2, 3, 4).permute(0, 2, 3, 1)):
+        for base in (0, 2, 0.5, True):
+            expected = base ** e
+            with deferfuse.mode(mode):
+                got = base ** e.to("tpu")
+                assert got.stride() == expected.stride()
+                torch.testing.assert_close(got.cpu(), expected)

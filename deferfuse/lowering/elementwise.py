@@ -361,7 +361,16 @@ def pow_tt(x, y):
     return _int_pow(x, y)
 
 
-@lowering(aten.pow.Scalar, promote="default")
+def _row_major(args, kwargs, leaves):
+    """CPU's `number ** tensor` is laid out row-major whatever the exponent's layout (its kernel
+    converts the exponent first); the meta kernel follows the exponent (seeds 8582, 9231)."""
+    out = leaves[0]
+    if out.is_contiguous():
+        return leaves
+    return [torch.empty(out.shape, dtype=out.dtype, device="meta")]
+
+
+@lowering(aten.pow.Scalar, promote="default", meta_fix=_row_major)
 def pow_scalar(x, exponent):
     """A number to tensor powers: the kind of the pair decides (`False ** float_tensor` is a float
     pow, 0 ** -1.5 = inf; the bool rule gave 0: fuzzer seed 3357)."""

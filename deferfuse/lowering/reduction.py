@@ -9,6 +9,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 import torch
 
 from ..dtypes import to_jax_dtype, HALF as _HALF
@@ -212,8 +213,22 @@ def all_dim(x, dim=None, keepdim=False):
 
 @lowering(aten.logsumexp.default, family="reduction", ctx=True)
 def logsumexp(ctx, x, dim, keepdim=False):
+    """CPU's steps: the max (an infinite one taken as 0) subtracted, exp, sum, log, the max added
+    back, each rounded to a half type's precision as CPU rounds every op (a bfloat16 result one
+    last-place off rounding once: seed 9008). `reduce_precision` keeps XLA from dropping them."""
+    jd = to_jax_dtype(ctx.out_dtype)
     xf = _acc(x, ctx.out_dtype)
-    return jax.nn.logsumexp(xf, axis=_axes(x, dim), keepdims=keepdim)
+    axes = _axes(x, dim)
+    if jd not in _HALF:
+        return jax.nn.logsumexp(xf, axis=axes, keepdims=keepdim)
+    info = jnp.finfo(jd)
+    rnd = lambda v: lax.reduce_precision(v, info.nexp, info.nmant)  # noqa: E731
+    if not xf.size:
+        return jnp.log(jnp.sum(jnp.exp(xf), axis=axes, keepdims=keepdim))
+    m = jnp.max(xf, axis=axes, keepdims=True)
+    m = jnp.where(jnp.isinf(m), 0, m)
+    s = rnd(jnp.sum(rnd(jnp.exp(rnd(xf - m))), axis=axes, keepdims=keepdim))
+    return rnd(rnd(jnp.log(s)) + (m if keepdim else jnp.squeeze(m, axes)))
 
 
 @lowering(aten.cumsum.default, family="reduction", ctx=True)

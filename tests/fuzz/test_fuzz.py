@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from fuzz_gen import generate, inp
-from fuzz_run import MODES, check, check_seed, shrink, Failure
+from fuzz_run import MODES, Failure, _py_close, check, check_seed, shrink
 
 CI_SEEDS = 40
 COUNT = int(os.environ.get("DEFERFUSE_FUZZ") or CI_SEEDS)
@@ -63,3 +63,12 @@ def test_a_disagreement_is_found_and_shrunk_to_its_statement(monkeypatch):
     assert [f.where for f in failures] == ["v2"] and failures[0].kind == "value"
     assert shrink(stmts, failures[0]) == ["a0 = inp((3,), torch.float32, 1).to(d)", "v2 = a0.abs()"]
     assert isinstance(failures[0], Failure) and set(MODES) == {"strict", "debug", "defer_and_fuse"}
+
+
+def test_host_reads_compare_like_tensors():
+    nan, inf = float("nan"), float("inf")
+    assert _py_close(complex(nan, nan), complex(nan, nan))  # seed 8801
+    assert _py_close(complex(inf, nan), complex(nan, nan))
+    assert not _py_close(complex(nan, nan), 1 + 2j)
+    assert not _py_close(1 + 2j, 1 + 3j)
+    assert _py_close(nan, nan) and not _py_close(nan, 1.0)

@@ -738,3 +738,11 @@ def test_half_logsumexp_rounds_each_step_like_cpu(dtype):
     y = torch.tensor([[inf, 1.0], [-inf, -inf]], dtype=dtype)
     check_all_modes(lambda d: [torch.logsumexp(x.to(d), 0), torch.logsumexp(x.to(d), 1, True),
                                torch.logsumexp(y.to(d), 1)], rtol=0, atol=0)
+
+
+def test_an_infinite_complex_base_to_a_negative_real_part_vanishes_like_cpu():
+    """exp(-inf + i*t) is 0 in CPU's C99 arithmetic, NaN in XLA's pow (seed 9030)."""
+    inf = float("inf")
+    x = torch.tensor([inf, -inf, complex(inf, 1), complex(1, -inf), 2 + 1j], dtype=torch.complex64)
+    y = torch.tensor([-1.5 + 1.5j, -1 + 0.5j, -2 + 0j, -0.5 - 3j, 0.5 + 0j], dtype=torch.complex64)
+    check_all_modes(lambda d: torch.view_as_real(x.to(d) ** y.to(d)), equal_nan=True)

@@ -746,3 +746,20 @@ def test_an_infinite_complex_base_to_a_negative_real_part_vanishes_like_cpu():
     x = torch.tensor([inf, -inf, complex(inf, 1), complex(1, -inf), 2 + 1j], dtype=torch.complex64)
     y = torch.tensor([-1.5 + 1.5j, -1 + 0.5j, -2 + 0j, -0.5 - 3j, 0.5 + 0j], dtype=torch.complex64)
     check_all_modes(lambda d: torch.view_as_real(x.to(d) ** y.to(d)), equal_nan=True)
+
+
+def test_softmax_of_a_non_finite_scalar_is_nan_like_cpu():
+    """A 0-dim softmax was 1 (log_softmax 0) whatever its value; CPU gives NaN for NaN and
+    infinities (seed 7227)."""
+    x = torch.tensor([2.0, float("nan"), float("inf"), -float("inf")])
+    check_all_modes(lambda d: [f(x.to(d)[i], 0) for i in range(4) for f in (torch.softmax, torch.log_softmax)],
+                    equal_nan=True)
+
+
+def test_variance_of_nothing_is_nan_in_a_fused_program_too():
+    """var of an empty tensor is NaN; fused with a multiply it came out 0 (seed 9577)."""
+    def run(d):
+        v = torch.zeros(0, dtype=torch.float64, device=d).var(correction=0)
+        return v * 3.0, torch.zeros(0, 2, device=d).std(0) + 1
+    with pytest.warns(UserWarning):
+        check_all_modes(run, equal_nan=True)

@@ -26,15 +26,15 @@ def _dim_in_range(args, kwargs, leaves):
 
 @lowering(aten._softmax.default, family="norm", meta_fix=_dim_in_range)
 def softmax(x, dim, half_to_float):
-    if x.ndim == 0:
-        return jnp.ones_like(_up(x))
+    if x.ndim == 0:  # a single element: 1, or NaN for a non-finite one, as CPU (seed 7227)
+        return jax.nn.softmax(_up(x).reshape(1), axis=0).reshape(())
     return jax.nn.softmax(_up(x), axis=dim % x.ndim)
 
 
 @lowering(aten._log_softmax.default, family="norm", meta_fix=_dim_in_range)
 def log_softmax(x, dim, half_to_float):
     if x.ndim == 0:
-        return jnp.zeros_like(_up(x))
+        return jax.nn.log_softmax(_up(x).reshape(1), axis=0).reshape(())
     return jax.nn.log_softmax(_up(x), axis=dim % x.ndim)
 
 

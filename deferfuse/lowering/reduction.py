@@ -147,7 +147,10 @@ def _var(x, dim, correction, keepdim):
     n = math.prod(xf.shape[a] for a in (range(xf.ndim) if axes is None else axes))
     d = xf - jnp.mean(xf, axis=axes, keepdims=True)
     sq = (d * jnp.conj(d)).real if jnp.iscomplexobj(d) else d * d
-    return jnp.sum(sq, axis=axes, keepdims=keepdim) / jnp.maximum(0, n - correction).astype(sq.dtype)
+    total = jnp.sum(sq, axis=axes, keepdims=keepdim)
+    if n == 0:  # NaN itself: computed as 0 / 0, it came out 0 once fused with a multiply (seed 9577)
+        return jnp.full_like(total, jnp.nan)
+    return total / jnp.maximum(0, n - correction).astype(sq.dtype)
 
 
 @lowering(aten.var.correction, family="reduction")

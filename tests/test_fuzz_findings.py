@@ -692,7 +692,8 @@ def test_complex_division_of_zeros_and_infinities_matches_cpu(dtype):
 
     def run(d):
         return [torch.view_as_real(v) for v in (a.to(d) / b.to(d), x.to(d).reciprocal(), 2.5 / x.to(d),
-                                                 torch.addcdiv(a.to(d), a.to(d), b.to(d), value=2.0))]
+                                                 torch.addcdiv(a.to(d), a.to(d), b.to(d), value=2.0),
+                                                 torch.div(a.to(d), b.to(d), rounding_mode=None))]
     check_all_modes(run, equal_nan=True)
 
 

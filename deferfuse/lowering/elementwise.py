@@ -258,7 +258,7 @@ def div_mode(ctx, x, y, *, rounding_mode=None):
         # bool lets XLA fold `convert(False) / 0` to 0 where CPU gives NaN: fuzzer seed 488)
         out = to_jax_dtype(ctx.out_dtype)
         x, y = (v if jnp.issubdtype(jnp.result_type(v), jnp.inexact) else cast(jnp.asarray(v), out) for v in (x, y))
-        return x / y
+        return _true_divide(x, y)
     if jnp.issubdtype(x.dtype, jnp.integer):
         if jnp.result_type(y) == jnp.bool_:  # `div(int_tensor, True, ...)`: lax.div takes no bool (5859)
             y = cast(jnp.asarray(y), x.dtype)

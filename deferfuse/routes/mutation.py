@@ -35,10 +35,10 @@ def _fill_defaults(fill, args, kwargs):
 _CHECKED: set = set()  # signatures whose meta kernel has run
 # write one value everywhere: CPU lets them write a view whose elements share memory
 _FILLS = (aten.fill_.Scalar, aten.fill_.Tensor, aten.zero_.default)
-# CPU refuses an input sharing any element with the target, even all of them (`x.index_add_(0, i, x)`)
 # in-place ops whose CPU kernels refuse complex tensors before checking overlap (the others check
 # overlap first: `a[:2].lt_(a[1:])` of a complex a is refused for its overlap)
 _COMPLEX_FIRST = (aten.clamp_.default, aten.clamp_.Tensor, aten.heaviside_.default)
+# CPU refuses an input sharing any element with the target, even all of them (`x.index_add_(0, i, x)`)
 _NO_OVERLAP = (aten.scatter_.src, aten.scatter_add_.default, aten.scatter_reduce_.two, aten.index_add_.default,
                aten.index_copy_.default, aten.put_.default)
 

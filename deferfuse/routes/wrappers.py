@@ -58,9 +58,22 @@ def checked_fill(pos: int, route):
 
 def cpu_cast(v, dtype: torch.dtype):
     """A Python number as CPU converts it to `dtype` (2.5 to 2 for integers), or CPU's error for
-    one that does not fit."""
+    one that does not fit. An integer inside an integer type's range, and a float into float64,
+    are what they are without asking CPU (a step counter filled every token would pay a CPU
+    tensor for each)."""
+    t = type(v)
+    if t is int:
+        lo, hi = _INT_RANGE.get(dtype, (1, 0))
+        if lo <= v <= hi:
+            return v
+    elif t is float and dtype is torch.float64:
+        return v
     with torch.utils._python_dispatch._disable_current_modes():
         return torch.empty((), dtype=dtype).fill_(v).item()
+
+
+_INT_RANGE = {d: (torch.iinfo(d).min, torch.iinfo(d).max)
+              for d in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)}
 
 
 # Ops whose CPU kernel converts a keyword number to the tensor's dtype before using it: index_add

@@ -33,12 +33,19 @@ def programs_of_one_step(runner) -> list:
     def keep(c, inputs, scalars):
         seen.setdefault(id(c), [c, list(inputs), list(scalars), 0])[3] += 1
 
+    inside_run = [False]  # `run` without a buffer to donate calls the program through `__call__`
+
     def run_kept(self, inputs, scalars, replaces=None):
         keep(self, inputs, scalars)
-        return run(self, inputs, scalars, replaces)
+        inside_run[0] = True
+        try:
+            return run(self, inputs, scalars, replaces)
+        finally:
+            inside_run[0] = False
 
     def call_kept(self, inputs, scalars):
-        keep(self, inputs, scalars)
+        if not inside_run[0]:
+            keep(self, inputs, scalars)
         return call(self, inputs, scalars)
 
     runtime.Compiled.run, runtime.Compiled.__call__ = run_kept, call_kept

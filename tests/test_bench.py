@@ -52,3 +52,16 @@ def test_thread_breakdown_measures_each_group_and_one_core_has_no_xla_pool():
     assert "error" not in one, one
     assert one["xla"] == 0 and one["other"] > 0
     assert name in threads.render([{"workload": name, "engine": "jit", "cores": "1", **one}])
+
+
+def test_transposes_times_each_program_of_a_step_once_per_run():
+    import transposes
+
+    r = workloads.mlp("jit")
+    for _ in range(2):
+        r.step()
+    r.sync()
+    progs = transposes.programs_of_one_step(r)
+    assert [runs for *_, runs in progs] == [1]  # a captured step: one program, run once
+    t = transposes.measure(progs, reps=1)
+    assert t["plain"] > 0 and t["fold"] > 0

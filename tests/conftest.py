@@ -9,6 +9,9 @@ import sys
 # their own), so that no test depends on what an earlier run left on disk. Set before
 # `import torch`, whose autoload imports deferfuse and reads the environment.
 os.environ.setdefault("DEFERFUSE_CACHE_DIR", "")
+# On a GPU each xdist worker's JAX would take 75% of the device's memory at its first array, and
+# the second worker's tests fail to allocate; allocating on demand lets the workers share it.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

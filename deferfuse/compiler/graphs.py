@@ -139,15 +139,15 @@ class Replay:
                 arg_of.setdefault(id(a._st), i)
         # per program input: the argument whose storage it is, else a storage read afresh each
         # call (a constant attribute of the graph), else the recorded array itself
-        self.feeds = []  # (kind, argument position or storage weakref, recorded array)
+        self.feeds = []
         for src, captured in zip(g.sources, g.inputs):
             st = src()
             if st is not None and id(st) in arg_of:
-                self.feeds.append((0, arg_of[id(st)], captured))
+                self.feeds.append((0, arg_of[id(st)]))
             elif st is not None:
                 self.feeds.append((1, src, captured))
             else:
-                self.feeds.append((2, None, captured))
+                self.feeds.append((2, captured))
         # the program's outputs: written back into an argument's storage, into another live
         # storage, or a fresh storage of this call's results (slot)
         written = {id(st) for st, _ in outputs}
@@ -227,28 +227,13 @@ class Replay:
         g = pending.PENDING.graph
         CALL.in_op += 1  # Ctrl-C waits until the node and every storage it writes are in place
         try:
-            # pending.value_ref and Graph.input_ref inline: a decode step's call has one feed per
-            # parameter, and this loop was a tenth of its host time
             refs = []
-            inputs, pos_of, avals = g.inputs, g.input_pos, g.input_avals
-            for (kind, at, captured), aval in zip(self.feeds, self.in_avals):
-                st = args[at]._st if kind == 0 else at() if kind == 1 else None
-                v = captured  # a constant of the graph, or a storage that holds nothing now
-                if st is not None:
-                    if st.graph is g:
-                        refs.append(st.ref)
-                        continue
-                    if st.value is not None:
-                        v = st.value
-                    elif kind == 0:  # uninitialised or failed: value_ref says which
-                        refs.append(pending.value_ref(g, st))
-                        continue
-                p = pos_of.get(id(v))
-                if p is None:
-                    p = pos_of[id(v)] = len(inputs)
-                    inputs.append(v)
-                    avals.append(aval)
-                refs.append(-(p + 1))
+            for feed, (shape, dtype) in zip(self.feeds, self.in_avals):
+                st = args[feed[1]]._st if feed[0] == 0 else feed[1]() if feed[0] == 1 else None
+                if st is not None and (feed[0] == 0 or st.graph is g or st.value is not None):
+                    refs.append(pending.value_ref(g, st))
+                else:  # a constant of the graph, or a storage that holds nothing now: its recorded value
+                    refs.append(g.input_ref(feed[-1], shape, dtype))
             base = g.add(self.op, tuple(refs), self._call_scalars(), where)
             METRICS.ops_recorded += 1
             for i, idx in self.into_args:
@@ -295,7 +280,7 @@ class Replay:
                 st = feed[1]()
                 inputs.append(feed[2] if st is None or st.value is None else st.value)
             else:
-                inputs.append(feed[2])
+                inputs.append(feed[1])
         for st, _, _ in handed:
             st.value = None
         scalars = self._call_scalars()

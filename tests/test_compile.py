@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 import deferfuse
 from conftest import ROOT
+from deferfuse import sources
 from deferfuse.report.text import render as render_report
 
 
@@ -250,7 +251,7 @@ def test_pending_defer_and_fuse_work_flushes_before_a_compiled_call_records():
     torch.testing.assert_close(out.cpu(), f(x * 3))
 
 
-def test_a_replayed_call_in_defer_and_fuse_joins_the_pending_graph():
+def test_a_replayed_call_in_defer_and_fuse_joins_the_pending_graph(events):
     def f(x, buf):
         buf.add_(x)  # an in-place update lands in the pending value of buf
         return torch.exp(x) + buf, x[0]
@@ -259,14 +260,19 @@ def test_a_replayed_call_in_defer_and_fuse_joins_the_pending_graph():
     x, buf = torch.randn(4, 4), torch.zeros(4, 4)
     xt, bt = x.to("tpu"), buf.to("tpu")
     cf(xt, bt), f(x, buf)  # recorded
+
+    def flushes_since(n):  # (cause, where) of each flush after the first n events, for the message
+        return [(str(e["cause"]), sources.fmt(e["where"])) for e in events()[n:] if e["kind"] == "flush"]
+
     with deferfuse.mode():
-        flushes = deferfuse.metrics()["flushes"]
+        flushes, seen = deferfuse.metrics()["flushes"], len(events())
         y = xt * 3  # pending
         out, row = cf(y, bt)
         out2, _ = cf(out, bt)  # reads the first call's pending result
-        assert deferfuse.metrics()["flushes"] == flushes  # nothing ran yet
+        assert deferfuse.metrics()["flushes"] == flushes, flushes_since(seen)  # nothing ran yet
         got = out2.cpu()
-        assert deferfuse.metrics()["flushes"] == flushes + 1  # the eager op and both calls: one flush
+        # the eager op and both calls: one flush
+        assert deferfuse.metrics()["flushes"] == flushes + 1, flushes_since(seen)
     ref, ref_row = f(x * 3, buf)
     ref2, _ = f(ref, buf)
     torch.testing.assert_close(got, ref2)

@@ -6,11 +6,7 @@ contracting and batch dimensions renumbered, wherever the product's output order
 does not fold such a transpose itself: it copies the weight transposed on every call and, for
 the small products of a decode step, emits the product as a plain loop instead of a matrix
 kernel (docs/performance.md). The product computed is the same; only the operand layout XLA
-reads changes. A fold is kept only where the operand's new dimension numbers are a layout
-XLA:CPU's matrix kernels take as stored (batch dimensions first, a left operand contracted on its
-last dimensions): a weight gradient `dY.T @ X` folded to contract both operands on their first
-dimension runs as XLA's generic single-threaded product instead, slower than the transposed
-copy it saves.
+reads changes.
 """
 from __future__ import annotations
 
@@ -69,27 +65,10 @@ def _fold_dot(eqn, perm_of: dict):
         mapped = [perm[d] for d in free]
         if mapped != sorted(mapped):
             continue
-        new_contract, new_batch = tuple(perm[d] for d in contract), tuple(perm[d] for d in batch)
-        if not _kernel_layout(side, new_contract, new_batch, len(perm)):
-            continue
-        dims[side] = [new_contract, new_batch]
+        dims[side] = [tuple(perm[d] for d in contract), tuple(perm[d] for d in batch)]
         invars[side] = base
     if invars == list(eqn.invars):
         return eqn
     (lc, lb), (rc, rb) = dims
     params = dict(eqn.params, dimension_numbers=((lc, rc), (lb, rb)))
     return eqn.replace(invars=invars, params=params)
-
-
-def _kernel_layout(side: int, contract: tuple, batch: tuple, rank: int) -> bool:
-    """Whether an operand contracted on `contract` with batch dimensions `batch` is read as stored
-    by XLA:CPU's matrix kernels: batch dimensions leading in order, then for the left operand the
-    contracting dimensions last, for the right one first or last."""
-    nb = len(batch)
-    if batch != tuple(range(nb)):
-        return False
-    n = len(contract)
-    last = tuple(range(rank - n, rank))
-    if side == 0:
-        return contract == last
-    return contract in (last, tuple(range(nb, nb + n)))

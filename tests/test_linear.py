@@ -170,3 +170,42 @@ def test_an_in_place_change_backward_needs_still_raises(mode):
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         with deferfuse.mode(mode):
             _update_between_forward_and_backward("tpu", True)
+
+
+@pytest.mark.parametrize("needs", ["all", "weights only"])
+def test_a_compiled_linear_holds_the_claims_nodes_and_matches_cpu(monkeypatch, needs):
+    """Under torch.compile the layer's graphs hold the same two nodes as eager (so the weight
+    gradient lowers to the same program), with CPU's values and only the gradients asked for."""
+    from deferfuse.compiler import graphs
+
+    torch._dynamo.reset()
+    targets = []
+    init = graphs.CompiledGraph.__init__
+
+    def keep(self, gm, kind):
+        init(self, gm, kind)
+        targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+
+    monkeypatch.setattr(graphs.CompiledGraph, "__init__", keep)
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(4, 3)
+    x0 = torch.randn(2, 5, 4)
+
+    def step(m, x):
+        y = m(x)
+        (y * y).sum().backward()
+        return y
+
+    def run(dev, fn):
+        m = torch.nn.Linear(4, 3).to(dev)
+        m.load_state_dict(ref.state_dict())
+        x = x0.to(dev).requires_grad_(needs == "all")
+        y = fn(m, x)
+        return [y, m.weight.grad, m.bias.grad] + ([x.grad] if needs == "all" else [])
+
+    got = run("tpu", torch.compile(step, backend="tpu"))
+    expected = run("cpu", step)
+    torch.testing.assert_close([t.cpu() for t in got], expected, rtol=1e-5, atol=1e-5)
+    assert "deferfuse.linear.default" in targets and "deferfuse.linear_backward.default" in targets
+    assert "aten.mm.default" not in targets and "aten.addmm.default" not in targets
+    torch._dynamo.reset()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 import torch.autograd.forward_ad as _fwad
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
 
 from ..lowering.linear import LINEAR, LINEAR_BACKWARD
 from ..tensor import TpuTensor
@@ -60,13 +62,24 @@ def _differentiable_backward(grad, x, w, b, need):
 
 
 _functorch_active = torch._C._are_functorch_transforms_active
+# Claimed under torch.compile too, so that a compiled graph holds the same two nodes as eager and
+# lowers to the same program: the weight gradient as the batched contraction of
+# `linear_backward`, where AOTAutograd's expansion (`mm(t(grad), x)` on flattened operands) left
+# XLA:CPU a transposed product outside its parallel matrix kernels (docs/performance.md)
+_TRACED = (FakeTensor, FunctionalTensor)
 _CLAIMED = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def _traced_on_tpu(t) -> bool:
+    """A tensor that stands for a tpu one while Dynamo and AOTAutograd trace."""
+    return type(t) in _TRACED and t.device.type == "tpu"
 
 
 def _claimable(x, w, b) -> bool:
     tpu = TpuTensor
     if type(x) is not tpu or type(w) is not tpu or (b is not None and type(b) is not tpu):
-        return False
+        if not (_traced_on_tpu(x) and _traced_on_tpu(w) and (b is None or _traced_on_tpu(b))):
+            return False
     dt = x.dtype
     if dt not in _CLAIMED or w.dtype is not dt or w.dim() != 2 or x.dim() < 1 or x.shape[-1] != w.shape[1]:
         return False
@@ -85,6 +98,8 @@ _apply_linear = torch._C._FunctionBase.__dict__["apply"].__get__(None, _Linear)
 def _linear_autograd(x, w, b=None):
     if not _claimable(x, w, b):
         return _composite.decompose(x, w, b)
+    if type(x) is not TpuTensor:  # traced: Function.apply lets AOTAutograd see the Function
+        return _Linear.apply(x, w, b)
     return _apply_linear(x, w, b)
 
 

@@ -282,6 +282,58 @@ def test_a_replayed_call_in_defer_and_fuse_joins_the_pending_graph(events):
     torch.testing.assert_close(row.cpu(), torch.zeros(4))
 
 
+def test_graphs_alike_but_for_a_constant_stay_apart_in_defer_and_fuse():
+    """A deferred replay's scalars are constants of its node (only random keys are inputs), so
+    two graphs that differ in one number alone must not share a node, nor a program."""
+    numbers = (2.0, 3.0, float("nan"), -0.0)
+    fns = [(lambda s: lambda x: x[1:] * s)(s) for s in numbers]  # a view at an offset, times s
+    compiled = [torch.compile(f, backend="tpu") for f in fns]
+    x = torch.randn(5, 3)
+    xt = x.to("tpu")
+    for cf in compiled:
+        cf(xt)  # recorded
+    with deferfuse.mode():
+        got = [cf(xt) for cf in compiled]
+        got = [g.cpu() for g in got]
+    for g, f in zip(got, fns):
+        torch.testing.assert_close(g, f(x), equal_nan=True)
+        assert torch.equal(torch.signbit(g), torch.signbit(f(x)))
+
+
+def test_a_deferred_replay_takes_only_its_random_keys_as_scalars(monkeypatch):
+    from deferfuse.compiler import graphs
+
+    ops = []
+    defer = graphs.Replay.defer
+
+    def keep(self, args, where):
+        ops.append(self.op)
+        return defer(self, args, where)
+
+    monkeypatch.setattr(graphs.Replay, "defer", keep)
+
+    def f(x, p):
+        y = x[2:].exp() * 3 + 1.5  # a view at an offset and two numbers: constants of the node
+        return F.dropout(y, p=p, training=True) if p else y
+
+    x = torch.randn(6, 4)
+    for p in (0.0, 0.5):
+        cf = torch.compile(f, backend="tpu")
+        cf(x.to("tpu"), p)  # recorded
+        ops.clear()
+        with deferfuse.mode():
+            a = cf(x.to("tpu"), p)
+            b = cf(x.to("tpu"), p)
+            a, b = a.cpu(), b.cpu()
+        assert [op.n_scalars > 0 for op in ops] == [p > 0, p > 0], (p, [op.n_scalars for op in ops])
+        assert ops[0] is ops[1]  # one node, one program for both calls
+        if p:
+            assert not torch.equal(a, b)  # the keys are fresh on every call
+        else:
+            torch.testing.assert_close(a, f(x, p))
+            torch.testing.assert_close(b, f(x, p))
+
+
 def test_compiled_training_in_defer_and_fuse_runs_one_program_per_step():
     m, ref = _mlp()
     opt, ref_opt = torch.optim.AdamW(m.parameters(), lr=1e-2), torch.optim.AdamW(ref.parameters(), lr=1e-2)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 import weakref
 
+import numpy as np
 import torch
 
 from .. import events, interrupts, modes, pending, program, rng, sources
@@ -202,7 +203,7 @@ class Replay:
             out_refs = [0] * n_out
             for st, idx in outputs:
                 out_refs[idx] = st.ref  # a flush leaves each storage's ref in place
-            self.op = _graph_op(g, out_refs)
+            self.op = _graph_op(g, out_refs, self.scalars, [p for p, _, _ in self.keys])
 
     def __call__(self, args: list) -> list:
         values = self._run(args) if self.plan is not None else []
@@ -234,7 +235,7 @@ class Replay:
                     refs.append(pending.value_ref(g, st))
                 else:  # a constant of the graph, or a storage that holds nothing now: its recorded value
                     refs.append(g.input_ref(feed[-1], shape, dtype))
-            base = g.add(self.op, tuple(refs), self._call_scalars(), where)
+            base = g.add(self.op, tuple(refs), self._fresh_keys(), where)
             METRICS.ops_recorded += 1
             for i, idx in self.into_args:
                 args[i]._st.set_pending(g, base | idx)
@@ -305,10 +306,16 @@ class Replay:
         scalars = self.scalars
         if self.keys:
             scalars = list(scalars)
-            seed, base = rng.reserve(self.draws)
-            for p, is_seed, d in self.keys:
-                scalars[p] = seed if is_seed else base + d
+            for (p, _, _), v in zip(self.keys, self._fresh_keys()):
+                scalars[p] = v
         return scalars
+
+    def _fresh_keys(self) -> list:
+        """The deferred node's only scalars: fresh keys for its random ops (`_graph_op`)."""
+        if not self.keys:
+            return []
+        seed, base = rng.reserve(self.draws)
+        return [seed if is_seed else base + d for _, is_seed, d in self.keys]
 
     def _replaces(self, handed) -> dict[int, int]:
         """Input position -> output position of each argument storage the call reads and overwrites."""
@@ -316,18 +323,40 @@ class Replay:
         return {pos: out_of[i] for _, pos, i in handed}
 
 
-def _graph_op(g, out_refs: list) -> Op:
+def _graph_op(g, out_refs: list, scalars: list, keyed: list) -> Op:
     """The recorded graph as one Op: its nodes traced by the program builder, as a flush of them
-    would trace them. Interned by structure, so identical graphs share one Op (and programs)."""
+    would trace them. Interned by structure, so identical graphs share one Op (and programs).
+
+    Every scalar but the random ops' keys (positions `keyed`, the Op's only scalars) is the same
+    on every replay, so it is part of the Op, a constant of the program, not a runtime input.
+    As inputs, the forward and backward graphs' reads of one saved view (its offset is such a
+    scalar) were two computations to XLA, and so was all the backward recomputed from them
+    (attention's scores and softmax); as constants they are one, as in a step recorded op by op."""
     nodes = list(g.nodes)
     in_refs = [-(i + 1) for i in range(len(g.inputs))]
     avals = [nodes[node_of(r)].op.out_avals[out_of(r)] if r >= 0
              else (g.input_avals[-r - 1][0], to_jax_dtype(g.input_avals[-r - 1][1])) for r in out_refs]
-    key = ("compiled", tuple(g.sig), tuple(g.input_avals), tuple(out_refs))
-    n_scalars = len(g.scalars)  # not `g` itself: its inputs are the first call's arrays
+    varying = frozenset(keyed)
+    constants = tuple(_constant_key(v) for p, v in enumerate(scalars) if p not in varying)
+    key = ("compiled", tuple(g.sig), tuple(g.input_avals), tuple(out_refs), tuple(keyed), constants)
+    values = list(scalars)  # not `g` itself: its inputs are the first call's arrays
 
     def make():
         inner = program.build(nodes, range(len(nodes)), in_refs, out_refs, None)
-        return Op(key, "compiled_graph", inner, avals, n_scalars, family="compiled")
+
+        def fn(inputs, keys):
+            full = list(values)
+            for p, v in zip(keyed, keys):
+                full[p] = v
+            return inner(inputs, full)
+
+        return Op(key, "compiled_graph", fn, avals, len(keyed), family="compiled")
 
     return Op.intern(key, make)
+
+
+def _constant_key(v) -> tuple:
+    """A scalar as a key: type and exact value (float's repr round-trips, and a NaN equals itself)."""
+    if isinstance(v, (np.ndarray, np.generic)):
+        return (v.dtype.str, v.tobytes())
+    return (type(v), repr(v))

@@ -300,6 +300,27 @@ def test_graphs_alike_but_for_a_constant_stay_apart_in_defer_and_fuse():
         assert torch.equal(torch.signbit(g), torch.signbit(f(x)))
 
 
+def test_a_number_argument_shares_one_deferred_program_across_its_values():
+    """A graph taking a number is recorded for each value, but its deferred node keeps its scalars
+    as inputs: one program serves every value, none is compiled per value."""
+    def f(x, n):
+        return x[1:] * n + 1
+
+    cf = torch.compile(f, backend="tpu")
+    x = torch.randn(5, 3)
+    xt = x.to("tpu")
+    values = range(2, 7)
+    for n in values:
+        cf(xt, n)  # recorded (Dynamo makes n an argument of the graph from its second value on)
+    with deferfuse.mode():
+        cf(xt, 2).cpu(), cf(xt, 3).cpu()  # each graph's deferred program
+        before = deferfuse.metrics()["programs_compiled"]
+        got = [cf(xt, n).cpu() for n in values]
+        assert deferfuse.metrics()["programs_compiled"] == before
+    for g, n in zip(got, values):
+        torch.testing.assert_close(g, f(x, n))
+
+
 def test_a_deferred_replay_takes_only_its_random_keys_as_scalars(monkeypatch):
     from deferfuse.compiler import graphs
 

@@ -193,6 +193,9 @@ class Replay:
                      for p, s in enumerate(self.scalars) if type(s) in (rng.Seed, rng.Counter)]
         self.draws = 1 + max((d for _, seed, d in self.keys if not seed), default=-1)
         self.scalars = [int(s) if type(s) in (rng.Seed, rng.Counter) else s for s in self.scalars]
+        # a number among the arguments (a dynamic size or int): the graph is recorded for each
+        # of its values (`signature`), whose scalars then differ only where it went
+        self.numbers = any(not isinstance(a, torch.Tensor) for a in args)
         # for DeferAndFuse: the whole graph as one node (`defer`), weighing as its ops do for the
         # period detector, so a training step of three such nodes is cut as the eager step is
         self.in_avals = list(g.input_avals)
@@ -203,7 +206,7 @@ class Replay:
             out_refs = [0] * n_out
             for st, idx in outputs:
                 out_refs[idx] = st.ref  # a flush leaves each storage's ref in place
-            self.op = _graph_op(g, out_refs, self.scalars, [p for p, _, _ in self.keys])
+            self.op = _graph_op(g, out_refs, self.scalars, self._inputs_at())
 
     def __call__(self, args: list) -> list:
         values = self._run(args) if self.plan is not None else []
@@ -235,7 +238,7 @@ class Replay:
                     refs.append(pending.value_ref(g, st))
                 else:  # a constant of the graph, or a storage that holds nothing now: its recorded value
                     refs.append(g.input_ref(feed[-1], shape, dtype))
-            base = g.add(self.op, tuple(refs), self._fresh_keys(), where)
+            base = g.add(self.op, tuple(refs), self._call_scalars() if self.numbers else self._fresh_keys(), where)
             METRICS.ops_recorded += 1
             for i, idx in self.into_args:
                 args[i]._st.set_pending(g, base | idx)
@@ -310,8 +313,14 @@ class Replay:
                 scalars[p] = v
         return scalars
 
+    def _inputs_at(self) -> list:
+        """Positions of the scalars the deferred node takes at run time (`_graph_op`): the random
+        ops' keys, or every scalar when a number is an argument, so that each of its values
+        shares the node's program rather than compiling its own."""
+        return list(range(len(self.scalars))) if self.numbers else [p for p, _, _ in self.keys]
+
     def _fresh_keys(self) -> list:
-        """The deferred node's only scalars: fresh keys for its random ops (`_graph_op`)."""
+        """Fresh keys for the graph's random ops, in `self.keys`' order."""
         if not self.keys:
             return []
         seed, base = rng.reserve(self.draws)
@@ -323,12 +332,12 @@ class Replay:
         return {pos: out_of[i] for _, pos, i in handed}
 
 
-def _graph_op(g, out_refs: list, scalars: list, keyed: list) -> Op:
+def _graph_op(g, out_refs: list, scalars: list, inputs_at: list) -> Op:
     """The recorded graph as one Op: its nodes traced by the program builder, as a flush of them
     would trace them. Interned by structure, so identical graphs share one Op (and programs).
 
-    Every scalar but the random ops' keys (positions `keyed`, the Op's only scalars) is the same
-    on every replay, so it is part of the Op, a constant of the program, not a runtime input.
+    A replay's scalars are the same on every call but for its random ops' keys, so all but those
+    at `inputs_at` (the Op's scalars) are part of the Op: constants of the program, not inputs.
     As inputs, the forward and backward graphs' reads of one saved view (its offset is such a
     scalar) were two computations to XLA, and so was all the backward recomputed from them
     (attention's scores and softmax); as constants they are one, as in a step recorded op by op."""
@@ -336,21 +345,21 @@ def _graph_op(g, out_refs: list, scalars: list, keyed: list) -> Op:
     in_refs = [-(i + 1) for i in range(len(g.inputs))]
     avals = [nodes[node_of(r)].op.out_avals[out_of(r)] if r >= 0
              else (g.input_avals[-r - 1][0], to_jax_dtype(g.input_avals[-r - 1][1])) for r in out_refs]
-    varying = frozenset(keyed)
+    varying = frozenset(inputs_at)
     constants = tuple(_constant_key(v) for p, v in enumerate(scalars) if p not in varying)
-    key = ("compiled", tuple(g.sig), tuple(g.input_avals), tuple(out_refs), tuple(keyed), constants)
+    key = ("compiled", tuple(g.sig), tuple(g.input_avals), tuple(out_refs), tuple(inputs_at), constants)
     values = list(scalars)  # not `g` itself: its inputs are the first call's arrays
 
     def make():
         inner = program.build(nodes, range(len(nodes)), in_refs, out_refs, None)
 
-        def fn(inputs, keys):
+        def fn(inputs, given):
             full = list(values)
-            for p, v in zip(keyed, keys):
+            for p, v in zip(inputs_at, given):
                 full[p] = v
             return inner(inputs, full)
 
-        return Op(key, "compiled_graph", fn, avals, len(keyed), family="compiled")
+        return Op(key, "compiled_graph", fn, avals, len(inputs_at), family="compiled")
 
     return Op.intern(key, make)
 

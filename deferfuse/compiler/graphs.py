@@ -193,8 +193,9 @@ class Replay:
                      for p, s in enumerate(self.scalars) if type(s) in (rng.Seed, rng.Counter)]
         self.draws = 1 + max((d for _, seed, d in self.keys if not seed), default=-1)
         self.scalars = [int(s) if type(s) in (rng.Seed, rng.Counter) else s for s in self.scalars]
-        # a number among the arguments (a dynamic size or int): the graph is recorded for each
-        # of its values (`signature`), whose scalars then differ only where it went
+        # a number among the arguments (a dynamic size or int): the graph is recorded anew for
+        # each of its values (`signature` holds them), so the deferred node keeps its scalars as
+        # inputs (`_inputs_at`)
         self.numbers = any(not isinstance(a, torch.Tensor) for a in args)
         # for DeferAndFuse: the whole graph as one node (`defer`), weighing as its ops do for the
         # period detector, so a training step of three such nodes is cut as the eager step is

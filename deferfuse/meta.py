@@ -81,7 +81,9 @@ class ArgSpec:
 _INT = {int}
 
 
-def _static(a):
+def static_key(a):
+    """A Python value as a key that tells apart exactly what the traced program would (a float by
+    its bits: NaN equals itself, -0.0 is not 0.0; a bool from its int)."""
     t = type(a)
     if t is float:
         return ("f", a.hex())
@@ -90,7 +92,7 @@ def _static(a):
     if t is list or t is tuple:
         if set(map(type, a)) <= _INT:  # sizes and dims, the common case, walked in C
             return tuple(a)
-        return tuple(_static(x) for x in a)
+        return tuple(static_key(x) for x in a)
     if t is complex:
         return ("c", a.real.hex(), a.imag.hex())
     if isinstance(a, torch.Tensor):
@@ -135,12 +137,12 @@ def _part(kind, a, spec, tensors, scalars):
             # a Python number where a Tensor goes (`t / 2.5`): a wrapped number, a runtime input
             scalars.append(a)
             return ("py", t)
-        return _static(a)
+        return static_key(a)
     if kind == STATIC:
         t = type(a)
         if t is int or a is None or t is str:
             return a
-        return _static(a)
+        return static_key(a)
     if kind == TLIST:
         lids = []
         for x in a:
@@ -154,12 +156,12 @@ def _part(kind, a, spec, tensors, scalars):
         t = type(a)
         if t is float or t is int:
             if t is int and not (-(1 << 63) <= a < (1 << 63)):
-                return _static(a)
+                return static_key(a)
             scalars.append(a)
             return t
         if isinstance(a, torch.Tensor):
             return _part(T, a, spec, tensors, scalars)
-        return _static(a)
+        return static_key(a)
     if kind == SCALAR_LIST:
         return tuple(_part(SCALAR, x, spec, tensors, scalars) for x in a)
     raise AssertionError(kind)

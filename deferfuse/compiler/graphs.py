@@ -33,6 +33,7 @@ from ..dtypes import to_jax_dtype
 from ..events import METRICS
 from ..executors.base import EagerMode
 from ..graph import OUT_BITS, Op, node_of, out_of
+from ..meta import static_key
 from ..modes import DeferfuseMode
 from ..record import CALL
 from ..tensor import Storage, TpuTensor, new_tensor
@@ -365,8 +366,9 @@ def _graph_op(g, out_refs: list, scalars: list, inputs_at: list) -> Op:
     return Op.intern(key, make)
 
 
-def _constant_key(v) -> tuple:
-    """A scalar as a key: type and exact value (float's repr round-trips, and a NaN equals itself)."""
+def _constant_key(v):
+    """A scalar as a key: a number as meta keys a static argument, a numpy one (a CPU 0-dim
+    tensor's value) by its dtype and bytes."""
     if isinstance(v, (np.ndarray, np.generic)):
         return (v.dtype.str, v.tobytes())
-    return (type(v), repr(v))
+    return static_key(v)

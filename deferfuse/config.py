@@ -47,7 +47,8 @@ def _cache_dir(name: str) -> str | None:
     if raw is None:
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         return os.path.join(base, "deferfuse")
-    return None if raw.strip() in ("", "0") else raw
+    # the words every switch takes for "off" turn it off; anything else is a folder
+    return None if raw.strip().lower() in _FALSE else raw
 
 
 def _str(name: str) -> str | None:

@@ -35,8 +35,8 @@ print(json.dumps({"losses": losses, "compile_seconds": m["compile_seconds"], "hi
 """
 
 
-def _run(cache_dir: str, **env) -> tuple[dict, str]:
-    out = subprocess.run([sys.executable, "-c", _RUN], capture_output=True, text=True, timeout=300, cwd=ROOT,
+def _run(cache_dir: str, cwd: str = ROOT, **env) -> tuple[dict, str]:
+    out = subprocess.run([sys.executable, "-c", _RUN], capture_output=True, text=True, timeout=300, cwd=cwd,
                          env={**os.environ, "PYTHONPATH": ROOT, "DEFERFUSE_CACHE_DIR": cache_dir, **env})
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.splitlines()[-1]), out.stderr
@@ -76,11 +76,28 @@ def test_the_size_cap_evicts_the_least_recently_used(tmp_path):
     assert sizes and sum(sizes) <= 1 << 20
 
 
-@pytest.mark.parametrize("setting", ["", "0"])
+@pytest.mark.parametrize("setting", ["", "0", "off", "OFF", "false", "no"])
 def test_it_can_be_turned_off(tmp_path, setting):
-    result, _ = _run(setting, HOME=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    """Every word the other switches take for "off" turns it off: none is a folder name (the
+    run's working folder, where a relative one would go, stays empty too)."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    result, _ = _run(setting, cwd=str(work), HOME=str(home), XDG_CACHE_HOME=str(home / "xdg"))
     assert result["folder"] is None and result["hits"] == result["misses"] == 0
-    assert not os.listdir(tmp_path)
+    assert not os.listdir(home) and not os.listdir(work)
+
+
+def test_no_compile_cache_entry_is_tracked():
+    """A cache folder inside the checkout (a relative DEFERFUSE_CACHE_DIR) is ignored by git, and
+    none is committed: each entry is an executable for one machine, megabytes in every clone."""
+    if not os.path.isdir(os.path.join(ROOT, ".git")):
+        pytest.skip("not a git checkout")
+    files = subprocess.run(["git", "ls-files"], capture_output=True, text=True, cwd=ROOT, check=True).stdout.split()
+    assert files and not [f for f in files if f.endswith("-cache")]
+    probe = "some-folder/jax-0.10.2-jaxlib-0.10.2-deferfuse-0.1.0/abc-cache"
+    ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index", probe], cwd=ROOT)
+    assert ignored.returncode == 0
 
 
 def test_the_default_folder_is_under_the_users_cache(tmp_path):

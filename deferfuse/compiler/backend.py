@@ -6,7 +6,10 @@ entry point), never at `import deferfuse`.
 """
 from __future__ import annotations
 
+import threading
+
 import torch
+import torch.fx.passes._tensorify_python_scalars as tensorify
 from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
 
@@ -35,9 +38,42 @@ _aot = aot_autograd(fw_compiler=_forward, bw_compiler=_backward, inference_compi
                     keep_inference_input_mutations=True)
 
 
+_compiling = threading.local()
+
+
 def tpu(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """torch.compile(fn, backend="tpu")."""
-    return _aot(gm, example_inputs, **kwargs)
+    _compiling.depth = getattr(_compiling, "depth", 0) + 1
+    try:
+        return _aot(gm, example_inputs, **kwargs)
+    finally:
+        _compiling.depth -= 1
+
+
+def _keep_python_floats() -> None:
+    """A Python float that changes between calls (a learning rate an LR scheduler sets) stays an
+    input of the graph, as it does with backend="eager", instead of a constant guarded per value.
+
+    From its second value on Dynamo passes such a float to the graph as a CPU 0-dim tensor read
+    by `.item()`. AOTAutograd then runs Inductor's tensorify pass, which rewrites that read into
+    tensor math for the few pointwise ops it knows, and for any other use (every `_foreach_*`
+    scalar, so a foreach optimizer's `lr`) specializes the float and restarts Dynamo: a guard
+    `param_groups[0]['lr'] == value`, a new graph and program every scheduler step. Inductor needs
+    that pass because its kernels cannot take a symbolic float; deferfuse's recording takes the
+    float as any Python scalar, a program input. So the pass's own switch (PyTorch's
+    `TENSORIFY_PYTHON_SCALARS=0`) reads off while this backend compiles, and only then."""
+    enabled = tensorify._is_tensorify_enabled
+    if getattr(enabled, "_deferfuse", False):
+        return
+
+    def _is_tensorify_enabled() -> bool:
+        return not getattr(_compiling, "depth", 0) and enabled()
+
+    _is_tensorify_enabled._deferfuse = True
+    tensorify._is_tensorify_enabled = _is_tensorify_enabled
+
+
+_keep_python_floats()
 
 
 def register() -> None:

@@ -1,0 +1,79 @@
+"""torch.compile(backend="tpu") with an LR scheduler: the learning rate a scheduler sets each step
+is an input of the compiled step, so neither Dynamo nor deferfuse compiles anything per step."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch._dynamo
+import torch.nn.functional as F
+from torch._dynamo.utils import counters
+from torch.optim.lr_scheduler import CosineAnnealingLR, LambdaLR
+
+import deferfuse
+
+STEPS = 8
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+# the defaults a training script gets: foreach, a Python float lr (capturable on tpu under Dynamo)
+OPTIMIZERS = {
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=3e-3),
+    "sgd": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9),
+}
+SCHEDULES = {
+    "cosine": lambda opt: CosineAnnealingLR(opt, T_max=STEPS),
+    "warmup": lambda opt: LambdaLR(opt, lambda s: min(1.0, (s + 1) / STEPS)),
+}
+
+
+def _step(model, opt, x, y):
+    opt.zero_grad()
+    loss = F.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def _train(opt_name, sched_name):
+    """STEPS compiled steps on tpu beside the same in CPU eager, each checked against it; returns
+    Dynamo's unique graphs and deferfuse's compiled programs after each step."""
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    model = copy.deepcopy(ref).to("tpu")
+    opt, ref_opt = OPTIMIZERS[opt_name](model.parameters()), OPTIMIZERS[opt_name](ref.parameters())
+    sched, ref_sched = SCHEDULES[sched_name](opt), SCHEDULES[sched_name](ref_opt)
+    step = torch.compile(_step, backend="tpu")
+    g = torch.Generator().manual_seed(1)
+    graphs, programs = [], []
+    for _ in range(STEPS):
+        x, y = torch.randn(16, 8, generator=g), torch.randn(16, 1, generator=g)
+        loss = step(model, opt, x.to("tpu"), y.to("tpu"))
+        sched.step()
+        graphs.append(counters["stats"]["unique_graphs"])
+        programs.append(deferfuse.metrics()["programs_compiled"])
+        expected = _step(ref, ref_opt, x, y)
+        ref_sched.step()
+        torch.testing.assert_close(loss.detach().cpu(), expected.detach(), rtol=1e-5, atol=1e-6)
+    assert opt.param_groups[0]["lr"] == ref_opt.param_groups[0]["lr"]
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-4, atol=1e-6)
+    return graphs, programs
+
+
+@pytest.mark.parametrize("sched_name", list(SCHEDULES))
+@pytest.mark.parametrize("opt_name", list(OPTIMIZERS))
+def test_a_scheduled_learning_rate_compiles_nothing_per_step(opt_name, sched_name):
+    """The lr changes every step: Dynamo makes it an input from its second value on (one more
+    graph, as with backend="eager"), and the program takes it as a scalar input."""
+    graphs, programs = _train(opt_name, sched_name)
+    assert graphs[1:] == [graphs[1]] * (STEPS - 1), graphs
+    assert programs[2:] == [programs[2]] * (STEPS - 2), programs

@@ -2,6 +2,7 @@
 is an input of the compiled step, so neither Dynamo nor deferfuse compiles anything per step."""
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -43,9 +44,9 @@ def _step(model, opt, x, y):
     return loss
 
 
-def _train(opt_name, sched_name):
+def _train(opt_name, sched_name, mode=None):
     """STEPS compiled steps on tpu beside the same in CPU eager, each checked against it; returns
-    Dynamo's unique graphs and deferfuse's compiled programs after each step."""
+    Dynamo's unique graphs, deferfuse's compiled programs and programs run after each step."""
     torch.manual_seed(0)
     ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     model = copy.deepcopy(ref).to("tpu")
@@ -53,20 +54,23 @@ def _train(opt_name, sched_name):
     sched, ref_sched = SCHEDULES[sched_name](opt), SCHEDULES[sched_name](ref_opt)
     step = torch.compile(_step, backend="tpu")
     g = torch.Generator().manual_seed(1)
-    graphs, programs = [], []
+    graphs, programs, runs = [], [], []
     for _ in range(STEPS):
         x, y = torch.randn(16, 8, generator=g), torch.randn(16, 1, generator=g)
-        loss = step(model, opt, x.to("tpu"), y.to("tpu"))
-        sched.step()
+        with deferfuse.mode(mode) if mode else contextlib.nullcontext():
+            loss = step(model, opt, x.to("tpu"), y.to("tpu"))
+            sched.step()
+            deferfuse.sync()
         graphs.append(counters["stats"]["unique_graphs"])
         programs.append(deferfuse.metrics()["programs_compiled"])
+        runs.append(deferfuse.metrics()["execute_calls"])
         expected = _step(ref, ref_opt, x, y)
         ref_sched.step()
         torch.testing.assert_close(loss.detach().cpu(), expected.detach(), rtol=1e-5, atol=1e-6)
     assert opt.param_groups[0]["lr"] == ref_opt.param_groups[0]["lr"]
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-4, atol=1e-6)
-    return graphs, programs
+    return graphs, programs, runs
 
 
 @pytest.mark.parametrize("sched_name", list(SCHEDULES))
@@ -74,6 +78,17 @@ def _train(opt_name, sched_name):
 def test_a_scheduled_learning_rate_compiles_nothing_per_step(opt_name, sched_name):
     """The lr changes every step: Dynamo makes it an input from its second value on (one more
     graph, as with backend="eager"), and the program takes it as a scalar input."""
-    graphs, programs = _train(opt_name, sched_name)
+    graphs, programs, _ = _train(opt_name, sched_name)
     assert graphs[1:] == [graphs[1]] * (STEPS - 1), graphs
     assert programs[2:] == [programs[2]] * (STEPS - 2), programs
+
+
+def test_a_scheduled_step_in_defer_and_fuse_is_one_program():
+    """The optimizer graph taking the lr is recorded on every call (its scalars derive from the
+    lr by Python arithmetic, which a replay cannot redo); in DeferAndFuse its ops join the
+    pending graph with the replayed forward and backward, so a step is still one program."""
+    graphs, programs, runs = _train("adamw", "cosine", "defer_and_fuse")
+    assert graphs[1:] == [graphs[1]] * (STEPS - 1), graphs
+    assert programs[-4:] == [programs[-4]] * 4, programs
+    per_step = [b - a for a, b in zip(runs, runs[1:])]
+    assert per_step[-4:] == [1, 1, 1, 1], per_step

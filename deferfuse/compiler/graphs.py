@@ -83,6 +83,10 @@ class CompiledGraph:
             out = replay.defer(args, sources.user_frame(2))
             ex.after_graph(replay.op.id, replay.weight)
             return out
+        if replay is None and ex.kind is EagerMode.DEFER_AND_FUSE:
+            # its ops join the pending graph as eager DeferAndFuse ops would: an optimizer step
+            # taking a scheduled lr fuses with the step's replayed graphs into one program
+            return list(self.gm(*args))
         if pending.pending_count():
             # DeferAndFuse work recorded before this call runs first, as its own flush, reported
             # at the user's line inside the compiled function (Dynamo's code keeps its file)

@@ -92,3 +92,32 @@ def test_a_scheduled_step_in_defer_and_fuse_is_one_program():
     assert programs[-4:] == [programs[-4]] * 4, programs
     per_step = [b - a for a, b in zip(runs, runs[1:])]
     assert per_step[-4:] == [1, 1, 1, 1], per_step
+
+
+def test_a_float_argument_changing_every_call_is_an_input(events):
+    """A float argument whose value changes every call (saved for backward, the backward graph
+    takes it as a number) is recorded on every call, never kept per value: nothing new is
+    compiled or kept, however many values it takes."""
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(4, 3)
+    lin = copy.deepcopy(ref).to("tpu")
+    x = torch.randn(5, 4)
+
+    def f(lin, x, s):
+        return (lin(x) * s).square().mean()
+
+    cf = torch.compile(f, backend="tpu")
+    xt = x.to("tpu")
+    graphs, programs, recorded = [], [], []
+    for i in range(STEPS):
+        s = 0.5 + i / 10
+        cf(lin, xt, s).backward()
+        f(ref, x, s).backward()
+        graphs.append(counters["stats"]["unique_graphs"])
+        programs.append(deferfuse.metrics()["programs_compiled"])
+        recorded.append(sum(e["kind"] == "compiled_graph" for e in events()))
+        torch.testing.assert_close(lin.weight.grad.cpu(), ref.weight.grad, rtol=1e-5, atol=1e-6)
+    assert graphs[1:] == [graphs[1]] * (STEPS - 1), graphs
+    assert programs[2:] == [programs[2]] * (STEPS - 2), programs
+    # each graph is recorded anew for no value (the report would list each as a new signature)
+    assert recorded[2:] == [recorded[2]] * (STEPS - 2), recorded

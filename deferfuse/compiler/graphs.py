@@ -44,7 +44,7 @@ _RECORD = object()  # a signature seen for the first time
 def signature(args) -> tuple:
     """What a replay depends on besides the arguments' values: each tpu argument's layout and
     storage shape, which arguments share a storage, and which hold nothing yet; the values of
-    non-tensor arguments; CPU tensors, which only the recording path takes."""
+    non-tensor arguments but floats; CPU tensors and floats, which only the recording path takes."""
     sig = []
     first: dict[int, int] = {}
     for i, a in enumerate(args):
@@ -53,6 +53,8 @@ def signature(args) -> tuple:
             sig.append((a._lid, a._lay, st.shape, first.setdefault(id(st), i), st.value is None and st.graph is None))
         elif isinstance(a, torch.Tensor):
             sig.append(("cpu", a.dtype, tuple(a.shape)))
+        elif type(a) is float:
+            sig.append(float)  # recorded on every call (`Replay.record`): its value keys nothing
         else:
             sig.append((type(a), a))
     return tuple(sig)
@@ -124,8 +126,11 @@ class Replay:
 
     @staticmethod
     def record(gm, args, where=None) -> tuple[Replay | None, list]:
-        if any(isinstance(a, torch.Tensor) and type(a) is not TpuTensor for a in args):
-            # a CPU tensor argument (a step count) is read by value while recording: not replayable
+        if any(isinstance(a, torch.Tensor) and type(a) is not TpuTensor or type(a) is float for a in args):
+            # a CPU tensor argument (a step count, a learning rate Dynamo made an input) is read by
+            # value while recording, and so is a float (one saved for backward): what the graph
+            # derives from it by Python arithmetic becomes the program's scalars, which a replay
+            # cannot derive again, and a float changes too often to keep a replay per value
             with DeferfuseMode("defer_and_fuse"):
                 return None, list(gm(*args))
         c0 = rng.marking(True)

@@ -27,6 +27,7 @@ def main() -> None:
         runner.step()
         runner.sync()
         out["first_ms"] = (time.perf_counter() - t0) * 1e3
+        out["flops"] = runner.flops
         for _ in range(warm):
             runner.step()
         runner.sync()

@@ -10,11 +10,19 @@ waits for the device. Engines:
   Dynamo/AOTAutograd graphs recorded once through deferfuse's lowerings, then each call one node
   of the pending graph (forward, backward and optimizer step are separate graphs, with
   `loss.backward()` a graph break between them, fused into one program at the cut);
-- torchax: the peer, in its eager mode (runs in a process of its own, see torchax_runner.py).
+- torchax: the peer, in its eager mode (runs in a process of its own, see torchax_runner.py);
+- jax: the GPT written directly in JAX (jax_gpt.py), the anchor independent of deferfuse; other
+  workloads raise NotImplementedError, which the table shows as "-" (not applicable).
+
+The GPT workloads also carry their analytic FLOPs per step (mfu.py) for the MFU table.
+`gpt2-small` is device-sized: one step is about 2.5 TFLOP, minutes per step on a CPU, so where
+JAX's default backend is the CPU it runs only when `--workloads` selects it and nothing else
+(`--workloads gpt2`); `--workloads gpt` alone leaves it out there.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 from dataclasses import dataclass
@@ -26,10 +34,12 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 
-ENGINES = ("cpu", "strict", "debug", "defer_and_fuse", "jit", "compiled", "torchax")
+ENGINES = ("cpu", "strict", "debug", "defer_and_fuse", "jit", "compiled", "jax", "torchax")
 
 
 def device_of(engine: str) -> str:
+    if engine == "jax":
+        raise NotImplementedError("the plain-JAX engine implements the GPT workloads only")
     if engine == "torchax":
         _ctx("torchax")  # the "jax" device exists once torchax is imported
         return "jax"
@@ -62,6 +72,9 @@ def _ctx(engine: str):
 class Runner:
     step: Callable[[], object]
     sync: Callable[[], None]
+    flops: float = 0.0      # analytic FLOPs per step, the same for every engine (mfu.py); 0: not counted
+    xla_flops: float = 0.0  # XLA's count of the jax engine's compiled step, the cross-check
+    programs: int = 0       # programs compiled outside deferfuse's cache (the jax engine's step)
 
 
 def _sync_for(engine: str, last: list):
@@ -165,15 +178,25 @@ def mlp(engine: str, fused: bool = False) -> Runner:
     return _make_runner(engine, step_fn)
 
 
-def gpt(engine: str, layers: int = 4, fused: bool = False) -> Runner:
+def gpt(engine: str, layers: int = 4, fused: bool = False, cfg=None, batch: int = 8) -> Runner:
     import gpt_train
+    import mfu
 
-    dev = device_of(engine)
+    cfg = cfg or gpt_train.GPTConfig(layers=layers)
+    assert cfg.dim % cfg.heads == 0, cfg
+    flops = mfu.gpt_train_flops(cfg, batch)
     torch.manual_seed(0)
-    cfg = gpt_train.GPTConfig(layers=layers)
+    if engine == "jax":  # the same weights, batch and AdamW settings, handed to JAX
+        import jax_gpt
+
+        model = gpt_train.GPT(cfg)
+        x, y = next(gpt_train.batches(cfg, batch))
+        t = jax_gpt.Trainer(model, _adamw(model.parameters(), fused), x, y)
+        return Runner(t.step, t.sync, flops=flops, xla_flops=t.xla_flops, programs=1)
+    dev = device_of(engine)
     model = gpt_train.GPT(cfg).to(dev)
     opt = _adamw(model.parameters(), fused)
-    x, y = (t.to(dev) for t in next(gpt_train.batches(cfg, 8)))
+    x, y = (t.to(dev) for t in next(gpt_train.batches(cfg, batch)))
 
     def step_fn():
         loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
@@ -182,7 +205,7 @@ def gpt(engine: str, layers: int = 4, fused: bool = False) -> Runner:
         opt.zero_grad()
         return loss
 
-    return _make_runner(engine, step_fn)
+    return dataclasses.replace(_make_runner(engine, step_fn), flops=flops)
 
 
 class ConvNet(nn.Module):
@@ -305,9 +328,15 @@ def item_every_step(make: Callable[[str], Runner]) -> Callable[[str], Runner]:
             with ctx:  # a torchax tensor reads its value only inside torchax's environment
                 return out.item()
 
-        return Runner(step, r.sync)
+        return dataclasses.replace(r, step=step)
 
     return wrapped
+
+
+def _gpt_cfg(**shape):
+    import gpt_train
+
+    return gpt_train.GPTConfig(**shape)
 
 
 WORKLOADS: dict[str, Callable[[str], Runner]] = {
@@ -317,7 +346,29 @@ WORKLOADS: dict[str, Callable[[str], Runner]] = {
     "mlp train, loss.item() every step": item_every_step(mlp),
     "gpt train (4 layers, d128)": gpt,
     "gpt train, AdamW(fused=True)": lambda e: gpt(e, fused=True),
+    # a trivial program: what each engine's host costs per step, on any machine
+    "gpt host (4 layers, d16, T8, B2)": lambda e: gpt(e, cfg=_gpt_cfg(vocab=256, seq=8, layers=4, heads=4, dim=16),
+                                                      batch=2),
+    # device-bound on an accelerator; see the module docstring for when it runs on a CPU
+    "gpt2-small (12 layers, d768, T512, B8)": lambda e: gpt(e, cfg=_gpt_cfg(vocab=8192, seq=512, layers=12,
+                                                                            heads=12, dim=768), batch=8),
     "convnet train (2 conv, bs 32)": convnet,
     "kv decode (48 tokens)": kv_decode,
     "kv decode, bucket 64": lambda e: kv_decode(e, bucket=64),
 }
+
+DEVICE_SIZED = ("gpt2-small (12 layers, d768, T512, B8)",)
+
+
+def selected(wanted: list[str], backend: str) -> list[str]:
+    """The workloads `--workloads` names by prefix (all when it names none). On a CPU backend a
+    device-sized workload runs only when an entry selects it alone, so `--workloads gpt` stays
+    a CPU-sized run."""
+    def match(w):
+        return [n for n in WORKLOADS if n.startswith(w)]
+
+    names = [n for n in WORKLOADS if not wanted or any(n in match(w) for w in wanted)]
+    if backend != "cpu":
+        return names
+    alone = {n for w in wanted for n in match(w) if all(m in DEVICE_SIZED for m in match(w))}
+    return [n for n in names if n not in DEVICE_SIZED or n in alone]

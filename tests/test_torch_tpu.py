@@ -31,16 +31,21 @@ def test_eager_mode_is_a_settable_property_and_set_eager_mode_a_block():
 def test_eager_mode_reads_the_mode_in_force_inside_blocks(block):
     """Read inside a block, the property says what the ops there do: DeferAndFuse while they
     are being deferred, not the process-wide Strict outside (issue 40, item 5)."""
-    assert torch.tpu.eager_mode is deferfuse.EagerMode.STRICT
-    with block(torch.tpu.EagerMode.DEFER_AND_FUSE):
-        y = torch.ones(3, device="tpu") * 2
-        assert deferfuse.pending.PENDING.graph.nodes  # deferred, not run
-        assert torch.tpu.eager_mode is torch.tpu.EagerMode.DEFER_AND_FUSE
-        with block("debug"):
-            assert torch.tpu.eager_mode is torch.tpu.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
-        assert torch.tpu.eager_mode is torch.tpu.EagerMode.DEFER_AND_FUSE
-    assert torch.tpu.eager_mode is deferfuse.EagerMode.STRICT
-    assert y.tolist() == [2.0, 2.0, 2.0]
+    before = deferfuse.get_default_mode()
+    deferfuse.set_default_mode("strict")
+    try:
+        assert torch.tpu.eager_mode is deferfuse.EagerMode.STRICT
+        with block(torch.tpu.EagerMode.DEFER_AND_FUSE):
+            y = torch.ones(3, device="tpu") * 2
+            assert deferfuse.pending.PENDING.graph.nodes  # deferred, not run
+            assert torch.tpu.eager_mode is torch.tpu.EagerMode.DEFER_AND_FUSE
+            with block("debug"):
+                assert torch.tpu.eager_mode is torch.tpu.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
+            assert torch.tpu.eager_mode is torch.tpu.EagerMode.DEFER_AND_FUSE
+        assert torch.tpu.eager_mode is deferfuse.EagerMode.STRICT
+        assert y.tolist() == [2.0, 2.0, 2.0]
+    finally:
+        deferfuse.set_default_mode(before)
 
 
 def test_assigning_eager_mode_inside_a_block_sets_the_process_wide_mode_and_warns():

@@ -22,7 +22,7 @@ from .backward import STOP
 from .dispatch import dispatch
 from .executors.base import EagerMode
 from .lowering import LOWERINGS
-from .modes import get_default_mode, mode, set_default_mode
+from .modes import as_mode, current, mode, set_default_mode
 from .precision import precision
 from .routes import out_kernels  # noqa: F401  (registers its out= kernels at import)
 from .target import NAME, check_ordinal as _check_ordinal, device_index, jax_device
@@ -38,15 +38,26 @@ class _DeviceProperties(NamedTuple):
 
 
 class _TpuModule(types.ModuleType):
-    """A module class of its own for `torch.tpu.eager_mode`, a settable property as TorchTPU's."""
+    """A module class of its own for `torch.tpu.eager_mode`, a settable property as TorchTPU's.
+
+    Read, it is the mode the next op runs in: inside a `set_eager_mode` (or `deferfuse.mode`)
+    block the block's, as `torch.is_grad_enabled()` is inside `no_grad`. Assigned, it is the
+    process-wide mode, which TorchTPU checks after any block: inside a block the assignment takes
+    effect when the block ends, and warns, since a read right after it gives the block's mode."""
 
     @property
-    def eager_mode(self):
-        return get_default_mode()
+    def eager_mode(self) -> EagerMode:
+        return current().kind
 
     @eager_mode.setter
-    def eager_mode(self, kind) -> None:
-        set_default_mode(kind)
+    def eager_mode(self, kind: "str | EagerMode") -> None:
+        new = as_mode(kind)
+        set_default_mode(new)
+        in_force = current().kind
+        if in_force is not new:
+            warnings.warn(f"torch.tpu.eager_mode = {new.name} inside a set_eager_mode block sets the process-wide "
+                          f"mode, used once the block ends; the block's {in_force.name} stays in force until the "
+                          "block ends", stacklevel=2)
 
 
 def _make_module() -> types.ModuleType:

@@ -21,6 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .causes import Cause
 from . import pending
 from .config import CONFIG
+from .executors.active import DEFAULT as _default, STACK as _stack, current  # noqa: F401  (modes.current)
 from .executors.base import EagerMode, Executor
 from .executors.debug import DebugExecutor
 from .executors.deferred import DeferredExecutor
@@ -42,12 +43,7 @@ def _env_default() -> EagerMode:
     return EagerMode.STRICT
 
 
-_default: list[Executor] = [EXECUTORS[_env_default()]]
-_stack: list[Executor] = []
-
-
-def current() -> Executor:
-    return _stack[-1] if _stack else _default[0]
+_default.append(EXECUTORS[_env_default()])
 
 
 def as_mode(kind: "str | EagerMode") -> EagerMode:

@@ -7,6 +7,8 @@ loop any PyTorch script has.
 from __future__ import annotations
 
 import contextlib
+import shlex
+import sys
 import time
 from typing import Callable, Iterator
 
@@ -54,7 +56,22 @@ def run(mode: str, steps: int, model: torch.nn.Module, opt: torch.optim.Optimize
 
 
 def summary(mode: str, steps: int, t0: float) -> None:
-    print(f"{steps} steps in {time.perf_counter() - t0:.1f}s ({mode})")
-    if mode != "cpu":
-        m = deferfuse.metrics()
-        print("metrics:", {k: (round(v, 3) if isinstance(v, float) else v) for k, v in m.items()})
+    """What a user reads at a glance after a run: speed, compiles, why the host flushed, CPU
+    fallbacks, the persistent cache. Every counter is in `deferfuse.metrics()`, and
+    `deferfuse-report` says why each flush and compile happened: printed whole, the forty
+    counters hid the few that say whether a run went well."""
+    elapsed = time.perf_counter() - t0
+    head = f"{steps} steps in {elapsed:.1f}s ({mode}): {steps / elapsed:.2f} steps/s"
+    if mode == "cpu":
+        print(head)
+        return
+    m = deferfuse.metrics()
+    compiling = m["compile_seconds"]
+    print(f"{head}, {steps / max(elapsed - compiling, 1e-9):.2f} without compile time")
+    print(f"compile: {m['programs_compiled']} programs, {compiling:.2f}s (persistent cache: "
+          f"{m['persistent_cache_hits']} hits, {m['persistent_cache_misses']} misses)")
+    causes = sorted(m["flushes_by_cause"].items(), key=lambda kv: -kv[1])
+    print(f"flushes: {m['flushes']}" + (f" ({', '.join(f'{n} {c}' for c, n in causes)})" if causes else ""))
+    ops = sorted(m["cpu_fallbacks"].items(), key=lambda kv: -kv[1])
+    print(f"CPU fallbacks: {m['cpu_fallbacks_total']}" + (f" ({', '.join(f'{op} {n}' for op, n in ops)})" if ops else ""))
+    print(f"why each flush and compile: deferfuse-report {shlex.join(sys.argv)}; every counter: deferfuse.metrics()")

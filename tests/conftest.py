@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 
 # The suite runs with the persistent compile cache off (tests of the cache give it a folder of
@@ -21,6 +22,20 @@ import deferfuse
 MODES = ["strict", "debug", "defer_and_fuse"]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
+
+
+_SUMMARY = re.compile(r"^compile: (\d+) programs, ([\d.]+)s \(persistent cache: (\d+) hits, (\d+) misses\)$", re.M)
+
+
+def read_summary(out: str) -> dict:
+    """The numbers in an example's last lines (examples/loop.py `summary`), by metrics() name."""
+    programs, seconds, hits, misses = _SUMMARY.search(out).groups()
+    flushes = re.search(r"^flushes: (\d+)(?: \((.*)\))?$", out, re.M)
+    by_cause = {c: int(n) for n, c in (part.split(" ", 1) for part in (flushes[2] or "").split(", ") if part)}
+    return {"programs_compiled": int(programs), "compile_seconds": float(seconds),
+            "persistent_cache_hits": int(hits), "persistent_cache_misses": int(misses),
+            "flushes": int(flushes[1]), "flushes_by_cause": by_cause,
+            "cpu_fallbacks_total": int(re.search(r"^CPU fallbacks: (\d+)", out, re.M)[1])}
 
 
 def to_cpu(x):

@@ -1,6 +1,9 @@
 """The examples train to CPU eager's numbers in every mode, and settle into a fixed set of programs."""
 from __future__ import annotations
 
+import re
+import time
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -8,8 +11,9 @@ import torch.nn.functional as F
 import deferfuse
 from deferfuse.config import CONFIG
 import gpt_train
+import loop
 import mlp_train
-from conftest import MODES
+from conftest import MODES, read_summary
 
 GPT_CFG = gpt_train.GPTConfig(layers=4, dim=64, heads=4, seq=32)
 
@@ -30,6 +34,26 @@ def test_gpt_matches_cpu(mode, gpt_cpu_losses):
     assert len(losses) == 20
     torch.testing.assert_close(losses, gpt_cpu_losses, rtol=1e-4, atol=0)
     assert deferfuse.metrics()["cpu_fallbacks_total"] == 0
+
+
+def test_the_summary_is_read_at_a_glance(capsys):
+    """The demo's last lines: speed, compiles, flushes by cause, fallbacks, the persistent cache,
+    and where the rest is, not metrics()' forty counters (issue 40, item 7)."""
+    deferfuse.reset_metrics()
+    t0 = time.perf_counter()
+    mlp_train.train("defer_and_fuse", 3, width=32, batch=8, log_every=2, quiet=True)
+    capsys.readouterr()
+    loop.summary("defer_and_fuse", 3, t0)
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert len(lines) <= 6 and "ops_recorded" not in out, out
+    assert re.match(r"3 steps in [\d.]+s \(defer_and_fuse\): [\d.]+ steps/s", lines[0]), out
+    m = deferfuse.metrics()
+    assert m["flushes"] > 1 and m["programs_compiled"] > 0
+    got = read_summary(out)
+    assert abs(got.pop("compile_seconds") - m["compile_seconds"]) <= 0.005
+    assert got == {k: m[k] for k in got}, out
+    assert "deferfuse-report " in lines[-1] and "deferfuse.metrics()" in lines[-1], out
 
 
 @pytest.mark.parametrize("mode", MODES)

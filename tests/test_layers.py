@@ -44,6 +44,16 @@ def test_an_upward_import_breaks_the_layers_contract(tmp_path):
     assert "deferfuse.graph -> deferfuse.dispatch" in out.stdout, out.stdout[-3000:]
 
 
+def test_an_executor_importing_modes_breaks_the_layers_contract(tmp_path):
+    """modes builds the executors, so an executor that asks modes which mode is in force closes
+    a circle (data_checks did): it asks executors/active.py, below both."""
+    root = _copy(tmp_path)
+    _append(os.path.join(root, "deferfuse", "executors", "data_checks.py"), "from .. import modes  # noqa")
+    out = _lint(root)
+    assert out.returncode != 0
+    assert "deferfuse.executors.data_checks -> deferfuse.modes" in out.stdout, out.stdout[-3000:]
+
+
 def test_torch_in_the_fuser_breaks_the_forbidden_contract(tmp_path):
     root = _copy(tmp_path)
     _append(os.path.join(root, "deferfuse", "fuser.py"), "import torch  # noqa")

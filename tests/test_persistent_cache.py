@@ -4,7 +4,6 @@ entry, honours its size cap, and refuses a folder others may write. Each case is
 own with a cache folder of its own."""
 from __future__ import annotations
 
-import ast
 import glob
 import json
 import os
@@ -13,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, read_summary
 
 # a small training run: several programs, a result to compare and the metrics to read
 _RUN = """
@@ -126,8 +125,7 @@ def test_the_demo_run_twice_compiles_a_quarter_as_long_the_second_time(tmp_path)
         assert out.returncode == 0, out.stderr[-2000:]
         lines = out.stdout.splitlines()
         losses = [line.split("(")[0] for line in lines if line.startswith("step")]
-        metrics = ast.literal_eval(next(line for line in lines if line.startswith("metrics:"))[len("metrics:"):].strip())
-        return losses, metrics
+        return losses, read_summary(out.stdout)
 
     first_losses, first = demo()
     second_losses, second = demo()

@@ -15,11 +15,12 @@ import jax.numpy as jnp
 import torch
 
 from ..causes import Cause
-from .. import pending, modes
+from .. import pending
 from ..config import CONFIG
 from ..dtypes import is_floating
 from ..probe import CLASS_TARGETS
 from ..tensor import TpuTensor
+from .active import current
 from .base import EagerMode
 
 aten = torch.ops.aten
@@ -79,7 +80,7 @@ def check(func, args, kwargs) -> None:
 
 def enabled() -> bool:
     """Whether the current mode makes the data checks (for the few made inside an op: one_hot)."""
-    return CONFIG.debug_checks or modes.current().kind is EagerMode.DEBUG
+    return CONFIG.debug_checks or current().kind is EagerMode.DEBUG
 
 
 def _check_indices(func, spec, args, kwargs) -> None:

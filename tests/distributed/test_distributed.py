@@ -24,13 +24,27 @@ MODES = ["strict", "debug", "defer_and_fuse"]
 
 
 def launch(case: str, out, mode: str = "strict", nproc: int = 2, timeout: float = 240, env=None):
-    """Run the case on nproc processes; (return code, output, seconds)."""
+    """Run the case on nproc processes; (return code, output, seconds).
+
+    A job still running at `timeout` fails the test. It is stopped as torchrun stops its workers
+    (SIGTERM to torchrun, which sends it on and SIGKILLs a worker still alive 30 s later): killing
+    torchrun alone would leave them running, and they start in sessions of their own."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            os.path.join(HERE, "workers.py"), case, str(out), mode]
     full_env = {**os.environ, "DEFERFUSE_CACHE_DIR": "", "OMP_NUM_THREADS": "1", **(env or {})}
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
-    return p.returncode, p.stdout + p.stderr, time.perf_counter() - t0
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env) as p:
+        try:
+            log, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.terminate()
+            try:
+                log, _ = p.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                log, _ = p.communicate()
+            pytest.fail(f"{case}: the job was still running after {timeout:g} s\n{log[-4000:]}")
+    return p.returncode, log, time.perf_counter() - t0
 
 
 def ranks(out, nproc: int = 2) -> list:

@@ -14,6 +14,8 @@ launcher's environment (torchrun's RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MA
   GPU under CUDA_VISIBLE_DEVICES. JAX's CPU backend has one device per process and ignores it.
 - A dead peer is noticed by JAX's heartbeats after the same timeout as a collective's
   rendezvous (DEFERFUSE_DIST_TIMEOUT), not JAX's 100 s.
+- SIGTERM ends a process, as torchrun expects when it stops a job: JAX's preemption service,
+  which would catch it, is off.
 
 A process started some other way, or by a user who called `jax.distributed.initialize`
 themselves, keeps what it has.
@@ -64,6 +66,10 @@ def start(store=None, rank: int | None = None, size: int | None = None) -> None:
     else:
         return
     ids = [CONFIG.local_rank] if CONFIG.local_world_size > 1 else None
+    # JAX's preemption service takes SIGTERM for a notice to poll at a sync point, and the process
+    # lives on; torchrun sends SIGTERM to stop the other workers when one fails, and SIGKILLs them
+    # only 30 s later. Without the service SIGTERM ends the process, as in any PyTorch job.
+    jax.config.update("jax_enable_preemption_service", False)
     try:
         jax.distributed.initialize(
             address, num_processes=size, process_id=rank,

@@ -14,6 +14,8 @@ launcher's environment (torchrun's RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MA
   GPU under CUDA_VISIBLE_DEVICES. JAX's CPU backend has one device per process and ignores it.
 - A dead peer is noticed by JAX's heartbeats after the same timeout as a collective's
   rendezvous (DEFERFUSE_DIST_TIMEOUT), not JAX's 100 s.
+- SIGTERM ends a process, as torchrun expects when it stops a job: JAX's preemption service,
+  which would catch it, is off.
 
 A process started some other way, or by a user who called `jax.distributed.initialize`
 themselves, keeps what it has.
@@ -21,6 +23,7 @@ themselves, keeps what it has.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import socket
 import sys
@@ -64,12 +67,16 @@ def start(store=None, rank: int | None = None, size: int | None = None) -> None:
     else:
         return
     ids = [CONFIG.local_rank] if CONFIG.local_world_size > 1 else None
+    # JAX's preemption service takes SIGTERM for a notice to poll at a sync point, and the process
+    # lives on; torchrun sends SIGTERM to stop the other workers when one fails, and SIGKILLs them
+    # only 30 s later. Without the service SIGTERM ends the process, as in any PyTorch job.
+    jax.config.update("jax_enable_preemption_service", False)
     try:
         jax.distributed.initialize(
             address, num_processes=size, process_id=rank,
             local_device_ids=ids, initialization_timeout=CONFIG.dist_timeout,
             heartbeat_timeout_seconds=CONFIG.dist_timeout, shutdown_timeout_seconds=CONFIG.dist_timeout)
-        atexit.register(_exit_without_peers)  # runs before JAX's own shutdown (atexit is LIFO)
+        atexit.register(_exit_if_failed)  # runs before JAX's own shutdown (atexit is LIFO)
     except RuntimeError as e:
         raise RuntimeError(
             f"deferfuse: could not start JAX's multi-process runtime for rank {rank} of "
@@ -84,8 +91,17 @@ def peer_failed() -> None:
     _PEER_FAILED = True
 
 
-def _exit_without_peers() -> None:
-    if _PEER_FAILED:
+def _exit_if_failed() -> None:
+    """A process that failed exits with status 1 without waiting for its peers in JAX's shutdown
+    barrier: they may be waiting for it in a collective, so the barrier would hold it until
+    DEFERFUSE_DIST_TIMEOUT, and torchrun stops a job only once a worker has exited. It failed if a
+    peer did (peer_failed), or if an exception ended the program: the interpreter records that one
+    in `sys.last_value` (`sys.last_exc` from 3.12) as it prints it, before the atexit handlers run.
+
+    The handlers registered before the runtime started (JAX's shutdown among them) do not run;
+    logging's does, so no record is lost. A clean exit keeps JAX's clean shutdown."""
+    if _PEER_FAILED or getattr(sys, "last_exc", getattr(sys, "last_value", None)) is not None:
+        logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)

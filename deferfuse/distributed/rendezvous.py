@@ -11,7 +11,7 @@ the group's timeout, for every other rank's entry:
 
 and in both cases no collective was launched, so the process can handle the error and exit;
 at exit it does not wait for the failed peer in JAX's shutdown barrier, and its status is 1
-(cluster.peer_failed).
+(cluster.peer_failed), as for a process an uncaught exception ends.
 The cost is three store round trips per collective (bench/distributed.py measures it);
 DEFERFUSE_DIST_CHECK=0 skips it.
 """

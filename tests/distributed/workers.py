@@ -268,17 +268,50 @@ def stuck_peer(out: str, mode: str) -> None:
         raise
 
 
+def _failing_now(out: str) -> None:
+    """When this rank fails: the test times the job's end from it, not from a startup that
+    takes from 10 to 30 s on a busy 2-core machine."""
+    with open(os.path.join(out, "failed_at.txt"), "w") as f:
+        f.write(repr(time.time()))
+
+
 def raises_mid_step(out: str, mode: str) -> None:
-    """Rank 1 raises between two all-reduces of a DDP-like step: the job must end promptly
-    with rank 1's error, and rank 0 must not hang in its all-reduce."""
-    dist.init_process_group(timeout=timedelta(seconds=10))
+    """Rank 1 raises between two all-reduces of a step, with the default timeout (30 min), while
+    rank 0 waits for it in the second: the job must end promptly with rank 1's error."""
+    dist.init_process_group()
     rank = dist.get_rank()
     t = torch.ones(4, device="tpu")
     with deferfuse.mode(mode):
         dist.all_reduce(t)
         if rank == 1:
+            _failing_now(out)
             raise ValueError("rank 1 fails mid-step")
         dist.all_reduce(t)
+
+
+def raises_in_collective(out: str, mode: str) -> None:
+    """DDP with a comm hook that refuses non-finite gradients before all-reducing a bucket. Rank
+    1's batch holds a NaN, so rank 1 raises inside its bucket's collective while rank 0 waits in
+    the same one (default timeout): the job must end promptly with rank 1's error."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def finite_allreduce(group, bucket):
+        if not torch.isfinite(bucket.buffer()).all():
+            _failing_now(out)
+            raise FloatingPointError(f"rank {dist.get_rank()}: non-finite gradient in bucket {bucket.index()}")
+        return allreduce_hook(group, bucket)
+
+    dist.init_process_group()
+    rank, n = dist.get_rank(), dist.get_world_size()
+    model = DDP(_mlp().to("tpu"))
+    model.register_comm_hook(None, finite_allreduce)
+    x, y, mine = _batch(0, rank, n)
+    x, y = x[mine], y[mine]
+    if rank == 1:
+        x[0, 0] = float("nan")
+    with deferfuse.mode(mode):
+        torch.nn.functional.mse_loss(model(x.to("tpu")), y.to("tpu")).backward()
 
 
 def diverged(out: str, mode: str) -> None:

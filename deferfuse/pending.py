@@ -291,7 +291,8 @@ def _interrupted(g: Graph, pushed: int, exc: BaseException, cause: str, where) -
     waiting = [s for s in (w() for w in g.storages) if s is not None and (
         s.graph is g or s.graph is None and s.value is None and s.error is None)]
     consumed = any(isinstance(a, jax.Array) and a.is_deleted() for a in g.inputs)
-    if not consumed and not PENDING.graph.nodes:
+    # the graph may not have been swapped out yet (an exception from a signal handler as the flush began)
+    if not consumed and (PENDING.graph is g or not PENDING.graph.nodes):
         for s in waiting:
             s.graph = g
         PENDING.graph, PENDING.pushed = g, pushed

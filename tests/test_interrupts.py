@@ -57,6 +57,23 @@ def test_an_interrupt_before_the_programs_ran_leaves_the_work_pending(monkeypatc
         assert y.cpu().tolist() == [2.0] * 4 and x.cpu().tolist() == [2.0] * 4
 
 
+def test_an_interrupt_as_a_flush_begins_leaves_the_work_pending(monkeypatch):
+    """A signal handler of the user's own raises before the flush has swapped its graph out: the
+    flush used to take the graph still pending for a new one, and its values for lost."""
+    def interrupted():
+        monkeypatch.undo()
+        raise KeyboardInterrupt
+
+    with deferfuse.mode():
+        x, y = _pending_work()
+        pending = deferfuse.metrics()["pending_nodes"]
+        monkeypatch.setattr(interrupts, "ensure_installed", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            y.cpu()
+        assert deferfuse.metrics()["pending_nodes"] == pending
+        assert y.cpu().tolist() == [2.0] * 4 and x.cpu().tolist() == [2.0] * 4
+
+
 def test_an_interrupt_after_the_programs_consumed_their_inputs_raises_on_read(monkeypatch):
     """x's old value is donated to its new one: once the program has run, the flush cannot be
     undone, and what it was to produce raises the interrupt, named, instead of reading zeros."""

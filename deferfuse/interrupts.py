@@ -14,17 +14,17 @@ so each flush puts deferfuse's back (`ensure_installed`, a dictionary lookup whe
 
 Once a program has consumed donated inputs, an exception from *any* handler (a SIGALRM timeout,
 a SIGTERM or SIGCHLD handler, a SIGINT handler of the user's own) would lose what it computed: its
-inputs are gone and its outputs are not yet in their storages. So through every flush, from
-before it changes anything until its results are bound (`hold` ... `release`), each Python-level
-handler of the process is swapped for `_defer`, which notes the signal; `release` puts the
-handlers back and then runs each noted one, whose exception propagates from there, with nothing
-lost. The hold starts before anything changes rather than at the first donation: an exception
-that landed earlier would need the flush undone, and the undoing could itself be cut by the next
-one. Blocking the signals (`signal.pthread_sigmask`) would not do: it masks the main thread only,
-another thread takes a process-directed signal, and Python still runs its handler in the main
-thread. Python runs handlers only in the main thread, so a flush on another thread needs no hold.
-An op being recorded is not held for other handlers than deferfuse's own SIGINT one: a scan of
-the handlers per op would cost a fifth of recording one.
+inputs are gone and its outputs are not yet in their storages. So through every flush, and every
+replay of a compiled graph or a captured step, from before it changes anything until its results
+are bound (`hold` ... `release`), each Python-level handler of the process is swapped for `_defer`,
+which notes the signal; `release` puts the handlers back and then runs each noted one, whose
+exception propagates from there, with nothing lost. The hold starts before anything changes rather
+than at the first donation: an exception that landed earlier would need the flush undone, and the
+undoing could itself be cut by the next one. Blocking the signals (`signal.pthread_sigmask`) would
+not do: it masks the main thread only, another thread takes a process-directed signal, and Python
+still runs its handler in the main thread. Python runs handlers only in the main thread, so a flush
+on another thread needs no hold. An op being recorded is not held for other handlers than
+deferfuse's own SIGINT one: a scan of the handlers per op would cost a fifth of recording one.
 
 Other exceptions that can land anywhere (SystemExit from a hook, MemoryError) are handled where
 they land: a flush that had not consumed an input leaves its work pending, and otherwise raises on

@@ -189,6 +189,36 @@ def test_a_signal_between_two_programs_of_a_flush_loses_nothing(monkeypatch, ala
     assert len(calls) == 3 and any(calls[0])  # the first of three programs consumed x's old value
 
 
+def test_a_signal_as_a_compiled_graph_replays_loses_nothing(monkeypatch, alarm):
+    """Strict runs each call of a compiled graph at once, donating the argument it updates."""
+    def step(p, g):
+        p.add_(g)
+        return p * 2
+
+    compiled = torch.compile(step, backend="tpu")
+    p, g = torch.zeros(8, device="tpu"), torch.ones(8, device="tpu")
+    with deferfuse.mode("strict"):
+        compiled(p, g)  # records
+        compiled(p, g)  # replays once, compiling the donating variant
+        calls = _signal_after_first_donating_run(monkeypatch)
+        with pytest.raises(KeyboardInterrupt):
+            compiled(p, g)
+    assert calls and any(calls[0])
+    assert p.cpu().tolist() == [3.0] * 8
+
+
+def test_a_signal_as_a_captured_step_replays_loses_nothing(monkeypatch, alarm):
+    p = torch.zeros(8, device="tpu")
+    deferfuse.sync()
+    captured = deferfuse.capture(lambda: p.add_(1))
+    captured()
+    calls = _signal_after_first_donating_run(monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        captured()
+    assert calls and any(calls[0])
+    assert p.cpu().tolist() == [3.0] * 8
+
+
 def test_hold_defers_a_handler_of_the_users_own_and_release_puts_it_back():
     ran = []
 

@@ -18,7 +18,7 @@ import time
 from typing import Any, Callable
 
 from .causes import Cause
-from . import cache, pending
+from . import cache, interrupts, pending
 from .config import CONFIG
 from .events import METRICS
 from .graph import Graph
@@ -55,34 +55,40 @@ class Captured:
         # program may donate its buffer to the new value when nothing else holds it
         handed = []
         written = self._written
-        for feed in self._feeds:
-            if feed[0] == "arg":
-                inputs.append(args[feed[1]]._st.value)
-            elif feed[0] == "storage":
-                st = feed[1]()
-                if st is not None and st.value is not None:
-                    inputs.append(st.value)
-                    if id(st) in written:
-                        handed.append((st, len(inputs) - 1))
-                        st.value = None
-                else:
-                    inputs.append(feed[2])
-            else:
-                inputs.append(feed[1])
         single = self._plan.single
         variants = single.compiled
         t0 = time.perf_counter()
         try:
-            values = single.run(inputs, self._scalars, lambda: self._replaces(handed))
-        except BaseException:
-            for st, pos in handed:
-                st.value = inputs[pos]
-            raise
+            # from the first value handed over until the new ones are in place, a signal
+            # handler's exception waits (interrupts.py)
+            interrupts.hold()
+            for feed in self._feeds:
+                if feed[0] == "arg":
+                    inputs.append(args[feed[1]]._st.value)
+                elif feed[0] == "storage":
+                    st = feed[1]()
+                    if st is not None and st.value is not None:
+                        inputs.append(st.value)
+                        if id(st) in written:
+                            handed.append((st, len(inputs) - 1))
+                            st.value = None
+                    else:
+                        inputs.append(feed[2])
+                else:
+                    inputs.append(feed[1])
+            try:
+                values = single.run(inputs, self._scalars, lambda: self._replaces(handed))
+            except BaseException:
+                for st, pos in handed:
+                    st.value = inputs[pos]
+                raise
+            for st, idx in self._outputs:
+                st.value = values[idx]
+        finally:
+            interrupts.release()
         if single.compiled != variants:  # the first replay compiled the donating variant
             METRICS.cache_misses += 1
             METRICS.compile_seconds += time.perf_counter() - t0
-        for st, idx in self._outputs:
-            st.value = values[idx]
         pending.track_inflight(values)  # deferfuse.sync() waits for replays like any program
         return self.result
 

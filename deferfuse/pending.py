@@ -227,6 +227,10 @@ def _flush(cause: str, where=None) -> list:
     results = None
     try:
         interrupts.ensure_installed()
+        # every signal handler waits from here to the end (interrupts.py): once a program has
+        # consumed donated inputs, an exception from one would lose what it computed. If one
+        # raises here, for a signal already pending, nothing has changed yet.
+        interrupts.hold()
         PENDING.graph = Graph()
         PENDING.pushed = 0
         t0 = time.perf_counter()
@@ -278,20 +282,23 @@ def _flush(cause: str, where=None) -> list:
         raise
     finally:
         PENDING.flushing = False
+        interrupts.release()  # the results are in place: the handlers of signals that came run now
     interrupts.deliver()
     return live
 
 
 def _interrupted(g: Graph, pushed: int, exc: BaseException, cause: str, where) -> None:
-    """An exception other than the flush's own failure (an interrupt, SystemExit from a hook)
-    landed before the flush had its results. If every input of the graph is still there, nothing
-    was consumed and the work goes back to pending, as if the flush had not started. A program
-    that donated an input has run, and its values are lost with the exception: the storages that
-    were to receive them raise it, named, when read, rather than read as uninitialised memory."""
+    """An exception other than the flush's own failure landed before the flush had its results:
+    a signal handler's as the flush began, before its hold (interrupts.py), or one no hold stops
+    (SystemExit from a hook, MemoryError). If every input of the graph is still there, nothing was
+    consumed and the work goes back to pending, as if the flush had not started. A program that
+    donated an input has run, and its values are lost with the exception: the storages that were
+    to receive them raise it, named, when read, rather than read as uninitialised memory."""
     waiting = [s for s in (w() for w in g.storages) if s is not None and (
         s.graph is g or s.graph is None and s.value is None and s.error is None)]
     consumed = any(isinstance(a, jax.Array) and a.is_deleted() for a in g.inputs)
-    if not consumed and not PENDING.graph.nodes:
+    # the graph may not have been swapped out yet (an exception from a signal handler as the flush began)
+    if not consumed and (PENDING.graph is g or not PENDING.graph.nodes):
         for s in waiting:
             s.graph = g
         PENDING.graph, PENDING.pushed = g, pushed

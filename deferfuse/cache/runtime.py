@@ -65,7 +65,10 @@ class Compiled:
         """Like calling it, donating what `donatable` finds. `replaces()` says which output is the
         new value of which input (see `_replaces`); the first call with a new donation pattern
         asks it, so that each donated buffer takes its own input's new value. XLA then updates
-        it in place, where a buffer handed to another output of its shape costs a copy."""
+        it in place, where a buffer handed to another output of its shape costs a copy.
+
+        The caller holds signal handlers (`interrupts.hold`) until the outputs are in their
+        storages: an exception from one in between would lose them with the donated inputs."""
         if not self.donors or not CONFIG.donate:
             return self(inputs, scalars)
         mask = self.donatable(inputs)

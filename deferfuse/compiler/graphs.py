@@ -220,13 +220,19 @@ class Replay:
             self.op = _graph_op(g, out_refs, self.scalars, self._inputs_at())
 
     def __call__(self, args: list) -> list:
-        values = self._run(args) if self.plan is not None else []
-        for i, idx in self.into_args:
-            args[i]._st.set_value(values[idx])
-        for ref, idx in self.into_storages:
-            st = ref()
-            if st is not None:
-                st.set_value(values[idx])
+        try:
+            # from before `_run` hands the old values over (storages cleared) until the new ones
+            # are in place, a signal handler's exception waits (interrupts.py)
+            interrupts.hold()
+            values = self._run(args) if self.plan is not None else []
+            for i, idx in self.into_args:
+                args[i]._st.set_value(values[idx])
+            for ref, idx in self.into_storages:
+                st = ref()
+                if st is not None:
+                    st.set_value(values[idx])
+        finally:
+            interrupts.release()
         fresh = [Storage(None if idx is None else values[idx], shape, dtype) for idx, shape, dtype in self.slots]
         return self._results(args, fresh)
 

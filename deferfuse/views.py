@@ -152,15 +152,29 @@ def _finish(x, plan_size: Shape, real_dims: list[int], bcast: tuple[int, ...]):
     return x
 
 
-def _flat_indices(real, offset):
+def _index_type(phys: Shape):
+    """The integer type a view's index arithmetic runs in: int32 wherever the storage's elements
+    can be counted in it (all but >2³¹-element buffers). The offset arrives as a 64-bit runtime
+    scalar, and a TPU has no 64-bit integer unit: XLA emulates the divisions and remainders that
+    turn it into per-dim starts with thousands of 32-bit ops, which made a training step's
+    program 4× larger and its compile 9× slower (docs/performance.md, the TPU section)."""
+    return jnp.int32 if math.prod(phys) < 2**31 else jnp.int64
+
+
+def _offset(offset, phys: Shape):
+    """The runtime offset in the index type of `phys` (a Python int stays one)."""
+    return offset if isinstance(offset, int) else offset.astype(_index_type(phys))
+
+
+def _flat_indices(real, offset, itype):
     """offset + sum_d iota_d * stride_d, shaped like the real dims (computed on device)."""
     shape = tuple(n for _, n, _ in real)
     idx = None
     for k, (_, n, s) in enumerate(real):
-        term = lax.broadcasted_iota(jnp.int64, shape, k) * s
+        term = lax.broadcasted_iota(itype, shape, k) * s
         idx = term if idx is None else idx + term
     if idx is None:
-        idx = jnp.zeros((), jnp.int64)
+        idx = jnp.zeros((), itype)
     return idx + offset
 
 
@@ -169,6 +183,7 @@ def read(value, plan: tuple, offset):
     if kind == "empty":
         return jnp.zeros(plan[2], value.dtype)
     _, _, size, mapping, bcast, zero = plan
+    offset = _offset(offset, phys)
     if kind == "slice":
         pstr = contiguous_strides(phys)
         sizes = [1] * len(phys)
@@ -209,7 +224,7 @@ def read(value, plan: tuple, offset):
         x = lax.slice(flat, [0], [numel]) if zero else lax.dynamic_slice(flat, [offset], [numel])
         x = x.reshape([n for _, n, _ in real])
     else:
-        x = jnp.take(flat, _flat_indices(real, 0 if zero else offset), mode="clip")
+        x = jnp.take(flat, _flat_indices(real, 0 if zero else offset, _index_type(phys)), mode="clip")
     return _finish(x, size, [d for d, _, _ in real], bcast)
 
 
@@ -224,6 +239,7 @@ def write(value, plan: tuple, offset, new):
         # element along a broadcast dim is the same value, and one of them is written
         new = new[tuple(slice(0, 1) if d in bcast else slice(None) for d in range(len(size)))]
     new = new.astype(value.dtype)
+    offset = _offset(offset, phys)
     if kind == "slice":
         pstr = contiguous_strides(phys)
         by_phys = sorted(mapping, key=lambda m: m[1])
@@ -242,7 +258,7 @@ def write(value, plan: tuple, offset, new):
         index = []
         for j, n in enumerate(upd_shape):
             step = next((m[2] for m in mapping if m[1] == j), 1)
-            ix = starts[j] + step * jnp.arange(n)
+            ix = starts[j] + step * jnp.arange(n, dtype=_index_type(phys))
             shape = [1] * len(phys)
             shape[j] = n
             index.append(ix.reshape(shape))
@@ -267,5 +283,5 @@ def write(value, plan: tuple, offset, new):
     if kind == "flat":
         flat = lax.dynamic_update_slice(flat, x.reshape(-1), [0 if zero else offset])
     else:
-        flat = flat.at[_flat_indices(real, 0 if zero else offset)].set(x)
+        flat = flat.at[_flat_indices(real, 0 if zero else offset, _index_type(phys))].set(x)
     return flat.reshape(phys)

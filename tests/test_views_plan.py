@@ -128,3 +128,53 @@ def test_plan_is_offset_independent_for_moving_windows():
     phys = (10, 4)
     plans = {views.plan_view(phys, (4,), (1,), 4 * r) for r in range(1, 10)}
     assert len(plans) == 1  # a row view at any row shares one plan (and one program)
+
+
+def _int_ops(jaxpr) -> set:
+    """(primitive, dtype) of every integer op in a jaxpr, sub-jaxprs included."""
+    out = set()
+    for eqn in jaxpr.eqns:
+        for v in eqn.outvars:
+            if jnp.issubdtype(v.aval.dtype, jnp.integer):
+                out.add((eqn.primitive.name, str(v.aval.dtype)))
+        for sub in jax.core.jaxprs_in_params(eqn.params):
+            out |= _int_ops(sub)
+    return out
+
+
+# a fused qkv projection split into heads ("strided"), a row of a matrix ("slice"), a flat run
+# ("flat"), a diagonal ("gather"): every plan kind, read and written at a runtime offset
+_VIEWS = [((2, 8, 48), (2, 4, 8, 4), (384, 4, 48, 1), 16), ((6, 5), (5,), (1,), 10), ((4, 6), (2, 6), (6, 1), 6),
+          ((5, 5), (4,), (6,), 6)]
+
+
+@pytest.mark.parametrize("phys,size,stride,offset", _VIEWS)
+def test_a_runtime_offset_is_indexed_in_32_bits(phys, size, stride, offset):
+    """The offset arrives as a 64-bit scalar; a TPU emulates 64-bit integer arithmetic with
+    thousands of 32-bit ops (a GPT step's program compiled 9× slower for it), so the divisions
+    that turn it into per-dim starts run in int32 wherever the storage fits, and give the same
+    values as before."""
+    plan = views.plan_view(phys, size, stride, offset)
+    base = jnp.arange(int(np.prod(phys)), dtype=jnp.float32).reshape(phys)
+    off = jnp.asarray(offset, jnp.int64)
+    got = views.read(base, plan, off)
+    expect = torch.arange(int(np.prod(phys)), dtype=torch.float32).as_strided(size, stride, offset)
+    np.testing.assert_array_equal(np.asarray(got), expect.numpy())
+    new = jnp.full(size, -1.0, jnp.float32)
+    written = torch.arange(int(np.prod(phys)), dtype=torch.float32).reshape(phys)
+    written.as_strided(size, stride, offset).fill_(-1.0)
+    np.testing.assert_array_equal(np.asarray(views.write(base, plan, off, new)), written.numpy())
+    for fn in (lambda b, o: views.read(b, plan, o), lambda b, o: views.write(b, plan, o, new)):
+        ops = _int_ops(jax.make_jaxpr(fn)(base, off).jaxpr)
+        wide = {(p, d) for p, d in ops if d == "int64" and p != "convert_element_type"}
+        assert not wide, wide
+
+
+def test_a_storage_past_32_bits_keeps_64_bit_offsets():
+    """Past 2³¹ elements an int32 offset would wrap: such a storage keeps 64-bit arithmetic
+    (traced abstractly here; nothing that large is allocated)."""
+    phys = (2**31 + 8,)
+    plan = views.plan_view(phys, (4,), (2,), 2**31)
+    big = jax.ShapeDtypeStruct(phys, jnp.int8)
+    ops = _int_ops(jax.make_jaxpr(lambda b, o: views.read(b, plan, o))(big, jnp.int64(2**31)).jaxpr)
+    assert ("convert_element_type", "int32") not in ops

@@ -37,6 +37,7 @@ class Cause(str, Enum):
     # DeferAndFuse's own cuts of a long recording
     REPEATED_OP = "repeated_op_heuristic"
     SIZE_CAP = "size_cap"
+    OPTIMIZER_STEP = "optimizer_step"  # a training step ends where its optimizer's step() returns
 
     __str__ = str.__str__
     __format__ = str.__format__
@@ -46,4 +47,5 @@ class Cause(str, Enum):
 # the many ops of one line are different programs, not recompiles of one.
 ONE_OP = frozenset({Cause.STRICT_OP, Cause.DEBUG_OP})
 # A flush that ends a recording context: the period detector starts over after it.
-NEW_GRAPH = frozenset({Cause.MODE_EXIT, Cause.MODE_CHANGE, Cause.CAPTURE, Cause.COMPILED_GRAPH})
+NEW_GRAPH = frozenset({Cause.MODE_EXIT, Cause.MODE_CHANGE, Cause.CAPTURE, Cause.COMPILED_GRAPH,
+                       Cause.OPTIMIZER_STEP})

@@ -13,6 +13,7 @@ import warnings
 from typing import NamedTuple
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
 from .causes import Cause
@@ -222,7 +223,15 @@ def register() -> None:
     rng.install_generator()
     patches.apply()
     torch.serialization.register_package(5, lambda obj: None, _load_onto_tpu)
+    register_optimizer_step_post_hook(_after_optimizer_step)
     _registered = True
+
+
+def _after_optimizer_step(optimizer, args, kwargs) -> None:
+    """A training step ends here: the mode in force may cut its pending work (DeferAndFuse)."""
+    if torch.compiler.is_compiling():  # Dynamo traces the step: its graph replays as one node
+        return
+    current().after_optimizer_step()
 
 
 def _load_onto_tpu(storage, location: str):

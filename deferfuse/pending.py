@@ -33,6 +33,8 @@ class Pending:
         self.where = None  # the user's (code, offset) of the top-level op being recorded
         self.pushed = 0  # nodes of the current graph already seen by the period detector
         self.captured = None  # the last captured flush (see capture.py)
+        # where an optimizer's step() ended, while DeferAndFuse owes a cut before the next op
+        self.cut_due = None
 
 
 PENDING = Pending()
@@ -214,8 +216,9 @@ def _flush(cause: str, where=None) -> list:
     # After these the op stream starts afresh. A host read (`.item()` every N steps) is part of a
     # loop's period, not a break in it: the heuristic keeps cutting in the same places, so the
     # read flushes the same tail every time.
-    if cause in NEW_GRAPH:
+    if cause in NEW_GRAPH or PENDING.cut_due is not None:  # the cut owed after a step is this one
         PENDING.period.reset()
+        PENDING.cut_due = None
     if not g.nodes:
         return []
     if PENDING.flushing:

@@ -63,13 +63,16 @@ def test_mlp_matches_cpu(mode, mlp_cpu_losses):
     assert deferfuse.metrics()["cpu_fallbacks_total"] == 0
 
 
-def _gpt_loop(steps: int, item_every: int | None, cfg=GPT_CFG):
+def _gpt_loop(steps: int, item_every: int | None, cfg=GPT_CFG, optimizer: bool = True):
+    """Per step: (programs compiled since the loop began, nodes pending, flushes by cause since
+    the loop began). Without `optimizer`, the update is plain SGD written out, as some loops do."""
     torch.manual_seed(0)
     model = gpt_train.GPT(cfg).to("tpu")
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, 1000)
     data = gpt_train.batches(cfg, 4)
     per_step = []
+    m0 = deferfuse.metrics()
     with deferfuse.mode():
         for step in range(steps):
             x, y = next(data)
@@ -77,33 +80,58 @@ def _gpt_loop(steps: int, item_every: int | None, cfg=GPT_CFG):
             loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad()
-            sched.step()
+            if optimizer:
+                opt.step()
+                opt.zero_grad()
+                sched.step()
+            else:
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p -= 1e-3 * p.grad
+                        p.grad = None
             if item_every and step % item_every == 0:
                 loss.item()
             m = deferfuse.metrics()
-            per_step.append((m["cache_misses"], m["pending_nodes"]))
+            causes = {c: n - m0["flushes_by_cause"].get(c, 0) for c, n in m["flushes_by_cause"].items()}
+            per_step.append((m["cache_misses"] - m0["cache_misses"], m["pending_nodes"],
+                             {c: n for c, n in causes.items() if n}))
     return per_step
 
 
 def test_no_recompiles_after_step_3_with_item_every_5_steps():
     per_step = _gpt_loop(16, item_every=5)
-    misses = [m for m, _ in per_step]
+    misses = [m for m, _, _ in per_step]
     assert misses[3:] == [misses[3]] * (len(misses) - 3), misses
 
 
+def test_a_training_loop_is_cut_at_each_optimizer_step():
+    """Each step is one flush, cut where the optimizer's step() ended (before the next step's
+    first op): the first step, which creates the optimizer's state, is one program and every
+    later step the same second one; nothing compiles after that, no partial step is left to
+    flush on its own, and the period detector never cuts a step elsewhere."""
+    deferfuse.cache.clear()  # count every program this loop needs, not what earlier tests left
+    per_step = _gpt_loop(12, item_every=None)
+    misses = [m for m, _, _ in per_step]
+    pending = [p for _, p, _ in per_step]
+    # a step's cut runs at the next step's first op: step 0's program then, step 1's after
+    assert misses == [0, 1] + [2] * (len(misses) - 2), misses
+    # what stays pending after a step is that whole step, and the same every step
+    assert pending[1:] == [pending[1]] * (len(pending) - 1) and pending[1] > 0, pending
+    assert per_step[-1][2] == {"optimizer_step": len(per_step) - 1}, per_step[-1][2]
+
+
 def test_loop_without_item_stays_bounded_and_stops_compiling():
-    per_step = _gpt_loop(50, item_every=None)
-    misses = [m for m, _ in per_step]
-    pending = [p for _, p in per_step]
-    step_nodes = pending[1] - pending[0]
-    # the first cut waits until the step has repeated over step_min_ops nodes; from then on it
-    # cuts every step, so what stays pending is less than one step
-    first_cut = next(i for i in range(1, len(pending)) if pending[i] < pending[i - 1])
+    """A loop with no optimizer to cut at (the update written out) relies on the period detector:
+    the first cut waits until the step has repeated over step_min_ops nodes; from then on it cuts
+    every step, so what stays pending is less than one step, and nothing compiles after."""
+    per_step = _gpt_loop(50, item_every=None, optimizer=False)
+    misses = [m for m, _, _ in per_step]
+    pending = [p for _, p, _ in per_step]
+    step_nodes = pending[0]
+    first_cut = next(i for i in range(1, len(pending)) if pending[i] < pending[i - 1] + step_nodes)
     assert first_cut <= -(-CONFIG.step_min_ops // step_nodes) + 1, pending
     # two programs: the first cut's (several steps at once), then one step's; nothing after
     settled = first_cut + 2
     assert misses[settled:] == [misses[settled]] * (len(misses) - settled), misses
     assert max(pending[settled:]) < step_nodes and deferfuse.metrics()["max_pending"] < 2 * CONFIG.step_min_ops
-    assert deferfuse.metrics()["flushes_by_cause"].get("repeated_op_heuristic", 0) > 0
+    assert per_step[-1][2].get("repeated_op_heuristic", 0) > 0

@@ -150,6 +150,50 @@ def test_repeated_op_heuristic(events):
         assert deferfuse.metrics()["max_pending"] < 200
 
 
+def test_optimizer_step_cuts_before_the_next_op(events):
+    """A training step ends where its optimizer's step() returns; the cut runs just before the
+    next op, once zero_grad() has dropped the gradients, so they are not program outputs; a sync
+    point first takes the step's graph itself and nothing is cut twice."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)).to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    x = torch.randn(16, 4).to("tpu")
+    n_params = len(list(model.parameters()))
+
+    def step():
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()  # <- step
+        opt.zero_grad()
+        return loss
+
+    with deferfuse.mode():
+        step()
+        assert deferfuse.metrics()["pending_nodes"] > 0  # owed, not yet taken
+        out0 = deferfuse.metrics()["outputs_materialized"]
+        loss = step()  # the step's first op takes the cut first
+        _assert_flush(events, "optimizer_step", _line_of("# <- step"))
+        # parameters, two AdamW states each, and nothing else: the gradients were dropped
+        assert deferfuse.metrics()["outputs_materialized"] - out0 == 3 * n_params
+        step()
+        cuts = deferfuse.metrics()["flushes_by_cause"]["optimizer_step"]
+        deferfuse.sync()  # a sync point before the next op takes the step's graph: no cut owed after
+        x.neg()
+        assert deferfuse.metrics()["flushes_by_cause"]["optimizer_step"] == cuts
+    assert deferfuse.metrics()["pending_nodes"] == 0
+
+
+def test_optimizer_step_in_strict_cuts_nothing():
+    model = torch.nn.Linear(4, 1).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = deferfuse.metrics()["flushes_by_cause"].get("optimizer_step", 0)
+    with deferfuse.mode("strict"):
+        model(torch.ones(2, 4, device="tpu")).sum().backward()
+        opt.step()
+        torch.ones(1, device="tpu").neg()
+    assert deferfuse.metrics()["flushes_by_cause"].get("optimizer_step", 0) == before
+
+
 def test_flush_takes_all_live_pending_tensors():
     with deferfuse.mode():
         a = torch.ones(3, device="tpu") * 2

@@ -173,8 +173,11 @@ def test_mlp_example_steady_state(cli_runs):
     assert rc["after_warm_up"] == 0 and rc["warning"] is None
     with open(LOOP) as f:
         item_line = next(i for i, line in enumerate(f, 1) if "loss.item()" in line)
-    row = _source(rep, f"{LOOP}:{item_line}")
-    assert "item" in row["causes"]
+    main = rep["flushes"]["main_sync_point"]
+    assert main["where"] == f"{LOOP}:{item_line}" and main["cause"] == "item"
+    # each step is cut where the optimizer's step ended; the read then finds its value computed
+    step_line = next(i for i, line in enumerate(open(LOOP), 1) if "opt.step()" in line)
+    assert _source(rep, f"{LOOP}:{step_line}")["causes"] == {"optimizer_step": rep["flushes"]["total"]}
     fu = rep["fusion"]
     assert fu["fusion_ratio"] > 10 and fu["largest_programs"][0]["ops"] > 20
     assert rep["dag"] and len(rep["dag"]["nodes"]) == fu["largest_programs"][0]["ops"]
@@ -188,8 +191,8 @@ def test_mlp_example_steady_state(cli_runs):
 
 def test_gpt_example_item_is_the_main_sync_point(cli_runs):
     """The issue's check on the example: no recompiles after warm-up, and the line the host waits
-    at most is the loss.item() line (the per-iteration cuts of the repeated-op heuristic are
-    engine cuts the host does not wait for, and are reported as such)."""
+    at most is the loss.item() line (the per-step cuts where the optimizer's step ends are engine
+    cuts the host does not wait for, and are reported as such)."""
     rep = cli_runs("gpt")
     rc = rep["recompiles"]
     assert rc["after_warm_up"] == 0 and rc["warning"] is None
@@ -199,7 +202,7 @@ def test_gpt_example_item_is_the_main_sync_point(cli_runs):
     assert main["where"] == f"{LOOP}:{item_line}" and main["cause"] == "item"
     assert main["count"] == 5  # steps 0, 4, 8, 12, 16
     waits = {c["cause"]: c["host_waits"] for c in rep["flushes"]["by_cause"]}
-    assert waits["repeated_op_heuristic"] is False  # the engine's per-iteration cuts: no host wait
+    assert waits == {"optimizer_step": False}  # the engine's per-step cuts: no host wait
     assert "the host waits most at" in rep["_stdout"]
 
 

@@ -6,6 +6,7 @@ the pending graph is flushed and what is checked around it:
 - `before_op(func, args, kwargs)`: called for each top-level op before it is recorded.
 - `after_op(func, out)`: called when a top-level op has returned `out`.
 - `on_exit()`: called when a `with deferfuse.mode(...)` block of this kind ends.
+- `after_optimizer_step()`: called when any `torch.optim.Optimizer.step()` returns.
 """
 from __future__ import annotations
 
@@ -34,6 +35,9 @@ class Executor:
         pass
 
     def on_exit(self) -> None:
+        pass
+
+    def after_optimizer_step(self) -> None:
         pass
 
     def __repr__(self):

@@ -14,6 +14,17 @@ pending graph in code that never syncs:
   other pending ops, stay in one flush, where the fuser gives each its own program and
   identical layers share one (a deep model compiles about what a shallow one does);
 - the size cap: `max_pending` nodes, for straight-line code with no repetition at all.
+
+A training loop is also cut where its optimizer's `step()` returns (just before the op that
+follows it): that is where one step ends, whatever ran before it (gradient accumulation,
+clipping, several losses). The first step, which
+creates the optimizer's state, is then one program and every later step another, the same one:
+two whole-step programs in all. Left to the period detector, a loop is cut once the stream has
+repeated, at a phase set by wherever the repetition began (in the middle of the optimizer's
+update, after a first step longer than the rest), so the first cut takes two or more steps in one
+program of its own and leaving the loop flushes a partial step as another: four programs to
+compile before steady state, each seconds to minutes on a TPU. The cut restarts the period
+detector, so it never cuts the same steps at another phase.
 """
 from __future__ import annotations
 
@@ -31,7 +42,12 @@ class DeferredExecutor(Executor):
     checks_before = CONFIG.debug_checks  # TORCH_TPU_ENABLE_DEBUG_CHECKS=1: Debug's data checks too
 
     def before_op(self, func, args, kwargs) -> None:
-        data_checks.check(func, args, kwargs)
+        stream = _PENDING
+        if stream.cut_due is not None:  # the first op after an optimizer step (see the docstring)
+            pending.flush(Cause.OPTIMIZER_STEP, stream.cut_due)
+        self.checks_before = CONFIG.debug_checks
+        if CONFIG.debug_checks:
+            data_checks.check(func, args, kwargs)
 
     def after_op(self, func, out) -> None:
         """Runs after each top-level op: feed the period detector, cut or cap if due.
@@ -80,3 +96,14 @@ class DeferredExecutor(Executor):
 
     def on_exit(self) -> None:
         pending.flush(Cause.MODE_EXIT, sources.user_frame(3))
+
+    def after_optimizer_step(self) -> None:
+        """Cut before the next op rather than now: `zero_grad()` has then dropped the gradients,
+        which a cut here would make outputs of the program (written to memory every step, and a
+        buffer more to hand back each call). The next op comes here first (`checks_before`), at
+        no cost to the ops that follow; a sync point before it flushes the same graph anyway."""
+        stream = _PENDING
+        # deferfuse.capture records a whole step as one program: no cut inside it
+        if stream.graph.nodes and stream.graph.sources is None:
+            stream.cut_due = stream.where
+            self.checks_before = True

@@ -6,7 +6,8 @@ contracting and batch dimensions renumbered, wherever the product's output order
 does not fold such a transpose itself: it copies the weight transposed on every call and, for
 the small products of a decode step, emits the product as a plain loop instead of a matrix
 kernel (docs/performance.md). The product computed is the same; only the operand layout XLA
-reads changes.
+reads changes. Other backends choose operand layouts themselves, and skip the pass
+(cache/plans.py).
 """
 from __future__ import annotations
 

@@ -75,3 +75,18 @@ def test_linear_layers_match_cpu_in_every_mode():
             got_t = x.to("tpu") @ dev.weight.t()
         torch.testing.assert_close(got.cpu(), want)
         torch.testing.assert_close(got_t.cpu(), x @ lin.weight.t())
+
+
+def test_the_fold_runs_for_xla_cpu_alone(monkeypatch):
+    """Other backends lay out matrix operands themselves: the pass would only trace each program
+    twice, seconds per compile and per persistent-cache load on a TPU host."""
+    from types import SimpleNamespace
+
+    from deferfuse.cache import plans
+
+    def fn(ins, scs):
+        return ins
+
+    assert getattr(plans._rewritten(fn), "unfolded", None) is fn  # this machine's CPU backend
+    monkeypatch.setattr(plans, "jax_device", lambda: SimpleNamespace(platform="tpu"))
+    assert plans._rewritten(fn) is fn

@@ -12,6 +12,7 @@ from .. import cluster, fuser, passes, program, spmd
 from ..config import CONFIG
 from ..events import METRICS
 from ..graph import OUT_BITS, Graph
+from ..target import jax_device
 from .key import Key, group_key
 from .runtime import ONLY_THE_LIST, Compiled, nbytes
 
@@ -183,12 +184,20 @@ def _group_program(g: Graph, grp, scalar_ids, key: tuple | None = None) -> tuple
             fn = program.unpacking(fn, layout)
         ranks = _collective_ranks(g, grp)
         if ranks is None:
-            entry = _GROUP_PROGRAMS[key] = (jax.jit(passes.fold_transposes(fn)), layout)
+            entry = _GROUP_PROGRAMS[key] = (jax.jit(_rewritten(fn)), layout)
         else:  # it holds collectives (spmd_safe): the program runs on every process of their group
             entry = _GROUP_PROGRAMS[key] = (spmd.SpmdProgram(fn, spmd.mesh(ranks), [len(_aval(g, r)[0]) for r in grp.in_refs],
                                                              [len(_aval(g, r)[0]) for r in grp.out_refs]), layout)
         METRICS.programs_built += 1
     return entry
+
+
+def _rewritten(fn):
+    """The group program with the jaxpr rewrites its backend needs (passes.py): folding transposes
+    into matrix products is for XLA:CPU alone, which does not do it itself. Elsewhere the pass
+    would only trace each program a second time: on a TPU host that is a second or more of every
+    compile, and of every load from the persistent cache, which traces a program to find it."""
+    return passes.fold_transposes(fn) if jax_device().platform == "cpu" else fn
 
 
 def _single_program(g: Graph, grp, out_refs: tuple) -> "Compiled":

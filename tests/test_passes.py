@@ -1,4 +1,6 @@
 """Jaxpr rewrites applied to every group program (deferfuse/passes.py)."""
+from types import SimpleNamespace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,6 +9,7 @@ from jax import lax
 
 import deferfuse
 from deferfuse import passes
+from deferfuse.cache import plans
 
 
 def _dot_dims(fn, *args):
@@ -80,10 +83,6 @@ def test_linear_layers_match_cpu_in_every_mode():
 def test_the_fold_runs_for_xla_cpu_alone(monkeypatch):
     """Other backends lay out matrix operands themselves: the pass would only trace each program
     twice, seconds per compile and per persistent-cache load on a TPU host."""
-    from types import SimpleNamespace
-
-    from deferfuse.cache import plans
-
     def fn(ins, scs):
         return ins
 

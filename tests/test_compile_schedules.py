@@ -8,11 +8,11 @@ import copy
 import pytest
 import torch
 import torch._dynamo
-import torch.nn.functional as F
 from torch._dynamo.utils import counters
 from torch.optim.lr_scheduler import CosineAnnealingLR, LambdaLR
 
 import deferfuse
+from test_compile import _step
 
 STEPS = 8
 
@@ -34,14 +34,6 @@ SCHEDULES = {
     "cosine": lambda opt: CosineAnnealingLR(opt, T_max=STEPS),
     "warmup": lambda opt: LambdaLR(opt, lambda s: min(1.0, (s + 1) / STEPS)),
 }
-
-
-def _step(model, opt, x, y):
-    opt.zero_grad()
-    loss = F.mse_loss(model(x), y)
-    loss.backward()
-    opt.step()
-    return loss
 
 
 def _train(opt_name, sched_name, mode=None):

@@ -171,7 +171,7 @@ def test_optimizer_step_cuts_before_the_next_op(events):
         step()
         assert deferfuse.metrics()["pending_nodes"] > 0  # owed, not yet taken
         out0 = deferfuse.metrics()["outputs_materialized"]
-        loss = step()  # the step's first op takes the cut first
+        step()  # the step's first op takes the cut first
         _assert_flush(events, "optimizer_step", _line_of("# <- step"))
         # parameters, two AdamW states each, and nothing else: the gradients were dropped
         assert deferfuse.metrics()["outputs_materialized"] - out0 == 3 * n_params

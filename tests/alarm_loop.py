@@ -36,10 +36,10 @@ def alarm(signum, frame):
         return
     # again soon, should this one's exception be swallowed (raised in a garbage collector callback)
     signal.setitimer(signal.ITIMER_REAL, rng.uniform(0.0001, 0.0005))
-    f = sys._getframe(1)
+    f = frame  # where the signal arrived, also for a call that waited for the op or flush to end
     while f is not None and f.f_code is not _FLUSH:
         f = f.f_back
-    if f is not None:  # the handler runs inside a flush: of the signal's arrival there, or held to its end
+    if f is not None:  # it arrived inside a flush
         raise KeyboardInterrupt
 
 

@@ -5,6 +5,7 @@ own (not deferfuse's SIGINT one) waits through a flush or a replay, since a prog
 donated inputs cannot be undone."""
 from __future__ import annotations
 
+import _signal
 import os
 import signal
 import subprocess
@@ -62,8 +63,9 @@ def test_an_interrupt_before_the_programs_ran_leaves_the_work_pending(monkeypatc
 
 
 def test_an_interrupt_as_a_flush_begins_leaves_the_work_pending(monkeypatch):
-    """A signal handler of the user's own raises before the flush has swapped its graph out: the
-    flush used to take the graph still pending for a new one, and its values for lost."""
+    """A signal handler raises as the flush's hold begins (a handler installed around
+    `signal.signal`, for a signal already pending): the flush used to take the graph still
+    pending for a new one, and its values for lost."""
     def interrupted():
         monkeypatch.undo()
         raise KeyboardInterrupt
@@ -71,7 +73,7 @@ def test_an_interrupt_as_a_flush_begins_leaves_the_work_pending(monkeypatch):
     with deferfuse.mode():
         x, y = _pending_work()
         pending = deferfuse.metrics()["pending_nodes"]
-        monkeypatch.setattr(interrupts, "ensure_installed", interrupted)
+        monkeypatch.setattr(interrupts, "hold", interrupted)
         with pytest.raises(KeyboardInterrupt):
             y.cpu()
         assert deferfuse.metrics()["pending_nodes"] == pending
@@ -115,17 +117,22 @@ def test_an_interrupt_held_during_a_flush_is_raised_when_it_ends(monkeypatch):
     assert y.cpu().tolist() == [2.0] * 4 and x.cpu().tolist() == [2.0] * 4  # the flush completed
 
 
-def test_a_sigint_handler_of_the_users_own_is_left_alone():
+def test_signal_signal_installs_a_stand_in_that_getsignal_does_not_show():
+    """Code that compares the handler it installed with `signal.getsignal` (unittest's Ctrl-C
+    handling does, to chain handlers) sees its own function; the stand-in is what runs."""
     def mine(signum, frame):
         raise KeyboardInterrupt
 
     before = signal.signal(signal.SIGINT, mine)
     try:
-        interrupts.ensure_installed()
         assert signal.getsignal(signal.SIGINT) is mine
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        interrupts.ensure_installed()
-        assert signal.getsignal(signal.SIGINT) is interrupts._handler
+        assert isinstance(_signal.getsignal(signal.SIGINT), interrupts.StandIn)
+        assert signal.signal(signal.SIGINT, signal.default_int_handler) is mine
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        _signal.signal(signal.SIGINT, mine)  # around the patch: wrapped as the next flush begins
+        interrupts.hold()
+        interrupts.release()
+        assert _signal.getsignal(signal.SIGINT).handler is mine
     finally:
         signal.signal(signal.SIGINT, before)
 
@@ -219,7 +226,7 @@ def test_a_signal_as_a_captured_step_replays_loses_nothing(monkeypatch, alarm):
     assert p.cpu().tolist() == [3.0] * 8
 
 
-def test_hold_defers_a_handler_of_the_users_own_and_release_puts_it_back():
+def test_hold_defers_every_handler_until_release():
     ran = []
 
     def mine(signum, frame):
@@ -227,20 +234,19 @@ def test_hold_defers_a_handler_of_the_users_own_and_release_puts_it_back():
         raise KeyboardInterrupt
 
     before = signal.signal(signal.SIGUSR1, mine)
-    before_int = signal.signal(signal.SIGINT, interrupts._handler)
+    before_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         interrupts.hold()
         try:
             signal.raise_signal(signal.SIGUSR1)
-            signal.raise_signal(signal.SIGINT)  # deferfuse's own handler holds it too
+            signal.raise_signal(signal.SIGINT)  # Python's own Ctrl-C handler waits too
             assert ran == [] and interrupts.held()
         finally:
-            with pytest.raises(KeyboardInterrupt):
+            with pytest.raises(KeyboardInterrupt) as caught:
                 interrupts.release()
         assert ran == [signal.SIGUSR1] and signal.getsignal(signal.SIGUSR1) is mine
-        assert signal.getsignal(signal.SIGINT) is interrupts._handler
-        with pytest.raises(KeyboardInterrupt):  # the held Ctrl-C, once nothing holds it
-            interrupts.deliver()
+        assert isinstance(caught.value.__context__, KeyboardInterrupt)  # both ran: the second raised last
+        assert not interrupts.held()
     finally:
         signal.signal(signal.SIGUSR1, before)
         signal.signal(signal.SIGINT, before_int)

@@ -28,7 +28,7 @@ from .report import explain, report  # noqa: E402  (the name `report` is the fun
 from .tensor import TpuTensor  # noqa: E402
 
 _persistent.configure()
-_interrupts.ensure_installed()
+_interrupts.install()
 run_backward_here()
 _compiler.install()
 

@@ -20,6 +20,10 @@ the original exception, its type and traceback intact, at the user's line.
 
 An exception raised in Python code the engine calls (a custom Function's backward, a hook) by a
 tpu op inside it is not parked: it propagates through that code as it would on CPU.
+
+Signal handlers wait for the whole pass (interrupts.py): one that raised between two of the
+engine's calls into Python would cross its C++ with nothing to park it, and on CPU an interrupt
+comes once backward returns, its gradients complete. Theirs run as `_engine_run_backward` returns.
 """
 from __future__ import annotations
 
@@ -27,6 +31,8 @@ import functools
 import sys
 
 import torch
+
+from . import interrupts
 
 _PENDING: list = []  # the first error of the running backward
 _ENTRY = None  # the code object of PyTorch's Python entry into the engine
@@ -124,21 +130,26 @@ def install() -> None:
 
     def _engine_run_backward(*args, **kwargs):
         global _ACTIVE
+        # signal handlers wait for the whole pass (interrupts.py): one that raised in Python code
+        # the engine calls would cross its C++, and on CPU an interrupt comes as backward returns
+        interrupts.hold()
         _ACTIVE += 1
         try:
-            result = run(*args, **kwargs)
-        except BaseException:
-            err = _take()
-            if err is None:
-                raise
-            err.__suppress_context__ = True  # the engine's own error only says how it was stopped
-            raise err
+            try:
+                result = run(*args, **kwargs)
+            except BaseException:
+                err = _take()
+                if err is None:
+                    raise
+                err.__suppress_context__ = True  # the engine's own error only says how it was stopped
+                raise err
+            err = _take()  # an op whose result the engine ignores (a void return) parked one
+            if err is not None:
+                raise err
+            return result
         finally:
             _ACTIVE -= 1
-        err = _take()  # an op whose result the engine ignores (a void return) parked one
-        if err is not None:
-            raise err
-        return result
+            interrupts.release()  # the gradients are in place: the handlers of signals that came run
 
     graph._engine_run_backward = _engine_run_backward
     torch.autograd._engine_run_backward = _engine_run_backward  # bound by name at its import

@@ -58,10 +58,10 @@ class Captured:
         single = self._plan.single
         variants = single.compiled
         t0 = time.perf_counter()
+        # from before the first value is handed over until the new ones are in place, a signal
+        # handler's exception waits (interrupts.py)
+        interrupts.hold()
         try:
-            # from the first value handed over until the new ones are in place, a signal
-            # handler's exception waits (interrupts.py)
-            interrupts.hold()
             for feed in self._feeds:
                 if feed[0] == "arg":
                     inputs.append(args[feed[1]]._st.value)

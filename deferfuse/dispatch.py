@@ -91,7 +91,7 @@ def torch_dispatch(cls, func, types, args=(), kwargs=None):
             return route(func, args, kwargs)
         finally:
             call.depth -= 1
-    call.in_op += 1  # Ctrl-C waits from here until the op, its checks and flush included, is done
+    call.in_op += 1  # signal handlers wait from here until the op, its checks and flush included, is done
     try:
         ex = _stack[-1] if _stack else _default[0]
         if ex.checks_before:
@@ -121,9 +121,11 @@ def torch_dispatch(cls, func, types, args=(), kwargs=None):
         call.in_op -= 1
         if _into_engine():  # raised into the autograd engine's C++, it would abort the process
             return _stop(err)
+        if interrupts.held():  # a signal's handler waited through the op: its exception, err its context
+            interrupts.deliver()
         raise
     call.in_op -= 1
-    if interrupts.held():  # Ctrl-C came while the op ran: now that it is done (interrupts.py)
+    if interrupts.held():  # a signal came while the op ran: its handler runs now that it is done (interrupts.py)
         interrupts.deliver()
     return out
 

@@ -17,7 +17,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
 from .causes import Cause
-from . import autocast, backward, claims, memory, patches, rng, streams  # noqa: F401  (claims: registered at import)
+from . import autocast, backward, claims, interrupts, memory, patches, rng, streams  # noqa: F401  (claims: registered at import)
 from .api import sync
 from .backward import STOP
 from .dispatch import dispatch
@@ -182,9 +182,9 @@ _PRIVATEUSE1 = torch._C._autograd.DeviceType.PrivateUse1
 
 class _Guard(torch._C._acc.DeviceGuard):
     # PyTorch's C++ side asks this on every device and stream guard: autograd calls it about
-    # once per forward op and five times per backward op, each a trip into Python
-    def type_(self):
-        return _PRIVATEUSE1
+    # once per forward op and five times per backward op. C callables, counted: a signal
+    # handler's exception inside the guard would abort the process (interrupts.py)
+    type_ = interrupts.guard_attribute(_PRIVATEUSE1)
 
 
 _registered = False

@@ -1,55 +1,119 @@
-"""Ctrl-C never cuts an op or a flush in half, nor does any other signal handler's exception a flush.
+"""No signal handler's exception cuts an op, a flush or a backward pass, nor aborts the process.
 
-A KeyboardInterrupt that lands while deferfuse records an op or runs a flush could leave a
-storage detached from its pending graph with no value yet (it then read as zeros), or an op half
-recorded. Python raises it from its SIGINT handler at the next bytecode boundary, wherever that
-is. So while deferfuse's own code runs, deferfuse's handler holds the interrupt, and raises it the
-moment that code is done: after the op (which then happened completely) or after the flush (whose
-values are then all in place). Between ops, in the user's code, it raises at once, exactly as
-Python's own handler does.
+Python runs a signal handler in the main thread at the next bytecode boundary, or wherever C
+code checks for signals, and an exception it raises (Ctrl-C's KeyboardInterrupt, a SIGALRM
+timeout's, a SIGTERM handler's SystemExit) propagates from there. Three places must not see one:
 
-The handler replaces only Python's default one (`signal.default_int_handler`), in the main thread;
-a handler of the user's own is left alone. Jupyter's kernel puts the default back for every cell,
-so each flush puts deferfuse's back (`ensure_installed`, a dictionary lookup when nothing changed).
+- deferfuse's own code while it records an op: a foreach op would be left half applied, or the
+  pending graph inconsistent (a reused program then reads shifted scalars: a wrong value);
+- a flush, or a replay of a compiled graph or a captured step: once a program has consumed
+  donated inputs, its outputs are the only copy, and an exception before they are bound loses them;
+- PyTorch's C++ calling the device guard (autograd asks it for the tpu's stream as each op records
+  its history, and the engine as it leaves each backward node): the guard is Python, and PyTorch
+  reaches it through pybind11, which converts a name with `PyObject_Str`, which runs pending
+  signal handlers. The guard's methods are `noexcept`: an exception there is std::terminate
+  ("terminate called without an active exception"), whatever the handler.
 
-Once a program has consumed donated inputs, an exception from *any* handler (a SIGALRM timeout,
-a SIGTERM or SIGCHLD handler, a SIGINT handler of the user's own) would lose what it computed: its
-inputs are gone and its outputs are not yet in their storages. So through every flush, and every
-replay of a compiled graph or a captured step, from before it changes anything until its results
-are bound (`hold` ... `release`), each Python-level handler of the process is swapped for `_defer`,
-which notes the signal; `release` puts the handlers back and then runs each noted one, whose
-exception propagates from there, with nothing lost. The hold starts before anything changes rather
-than at the first donation: an exception that landed earlier would need the flush undone, and the
-undoing could itself be cut by the next one. Blocking the signals (`signal.pthread_sigmask`) would
-not do: it masks the main thread only, another thread takes a process-directed signal, and Python
-still runs its handler in the main thread. Python runs handlers only in the main thread, so a flush
-on another thread needs no hold. An op being recorded is not held for other handlers than
-deferfuse's own SIGINT one: a scan of the handlers per op would cost a fifth of recording one.
+So every Python-level handler of the process is replaced, once, by a `StandIn` that calls it
+unless one of those is under way. The stand-in is installed by `signal.signal` itself (patched
+here: installing a handler wraps it, and `signal.getsignal` answers the handler itself, so code
+that compares what it installed, unittest's Ctrl-C handling among them, sees no difference), and
+at import and as each flush begins for a handler installed around the patch (`_signal.signal`).
+Because it stays installed, recording an op costs nothing more: the stand-in reads, only when a
+signal arrives, the state deferfuse keeps anyway (`call.in_op`, the flush flag, `hold`'s depth).
+Swapping the handlers around each op instead cost 1.5 µs an op, against 8 to 14 to record one.
 
-Other exceptions that can land anywhere (SystemExit from a hook, MemoryError) are handled where
-they land: a flush that had not consumed an input leaves its work pending, and otherwise raises on
-reading what it did not finish (pending.py).
+While deferfuse is busy the handler's call is noted, and it runs when the op, flush, replay or
+backward pass ends (`deliver`, from `release` and the end of each op): its exception propagates
+from there, with everything in place. Inside the device guard it cannot be noted for later (no
+later point is certain to come), so the signal is raised again as the handler returns (`_again`)
+and handled at the next check, outside the guard. The guard counts its calls in C
+(`guard_attribute`): a lookup of its method not yet followed by a call means the handler runs
+inside one.
+
+A backward pass is held whole, from `_engine_run_backward`: the engine calls Python (ops, hooks) in
+C++ that an exception crossing it can abort, and on CPU an interrupt arrives once backward
+returns, its gradients all in place. The hold applies to CPU backward passes too: a hook that never
+returns cannot be interrupted by a handler, as a C++ one cannot on CPU.
+
+Busy is the main thread's state: the flags are process-wide, so a handler also checks that the
+interrupted stack is in deferfuse (a thread that records while the main thread waits in `join()`
+does not keep Ctrl-C from it). Handlers run in the main thread, and so do held ones.
+
+Blocking the signals (`signal.pthread_sigmask`) would not do: it masks the main thread only,
+another thread takes a process-directed signal, and Python still runs its handler in the main
+thread. Other exceptions that can land anywhere (SystemExit from a hook, MemoryError) are
+handled where they land: a flush that had not consumed an input leaves its work pending, and
+otherwise raises on reading what it did not finish (pending.py).
 """
 from __future__ import annotations
 
 import _signal  # signal.getsignal makes an enum of each answer: 40 µs for every signal, this 1.5
+import _thread
+import functools
+import itertools
 import signal
 import threading
+import weakref
 from typing import Callable
 
-_busy: list[Callable[[], bool]] = []  # each says whether deferfuse's code is running
-_held = False  # an interrupt arrived while it was
-_MAIN = threading.main_thread()
-_MAIN_ID = _MAIN.ident
+_busy: list[Callable[[], bool]] = []  # each says whether deferfuse's code is running (any thread)
+_held = False  # a handler's call waits in `_deferred` (read per op: dispatch.py)
+_depth = 0  # `hold` ... `release` nesting, main thread only
+_deferred: dict[int, tuple] = {}  # signal -> (handler, signal, frame), in order of arrival
+_MAIN_ID = threading.main_thread().ident
 _get_ident = threading.get_ident
 _SIGNALS = tuple(sorted(signal.valid_signals()))
 _getsignal = _signal.getsignal
 _setsignal = _signal.signal
+_interrupt_main = _thread.interrupt_main
+_scan: list = [None]  # every signal's handler as last wrapped
+_echoes: list = []  # `_again`'s weak references, alive until their callback runs
 
-_holding = False  # between `hold` and `release`
-_originals: dict[int, Callable] = {}  # signal -> the handler `_defer` stands in for
-_deferred: list[tuple] = []  # (handler, signal, frame) of each signal that arrived while holding
-_scan: list = [None, ()]  # the last scan's answers, and the positions among them of handlers to swap
+_N = 1 << 62  # a count that never runs out: a billion guard calls a second last 146 years
+_guard: list = []  # the device guard's two countdowns: lookups of its method, calls of it
+_guard_seen = [0, None]  # lookups never called (Python code's own), counts at the last re-raise
+
+
+class StandIn:
+    """What is installed in place of a Python signal handler: calls it, or has it wait."""
+
+    __slots__ = ("handler", "__weakref__")
+
+    def __init__(self, handler: Callable):
+        self.handler = handler
+
+    @property
+    def __wrapped__(self) -> Callable:
+        return self.handler
+
+    def __repr__(self):
+        return f"<deferfuse stand-in for {self.handler!r}>"
+
+    def __call__(self, signum, frame):
+        global _held
+        if _depth or (any(check() for check in _busy) and _inside(frame)):
+            _deferred.setdefault(signum, (self.handler, signum, frame))  # repeats coalesce, as Python's do
+            _held = True
+            return None
+        if _in_guard():
+            return _again(signum)
+        return self.handler(signum, frame)
+
+
+class _Again:
+    __slots__ = ("__weakref__",)
+
+
+def _again(signum: int) -> _Again:
+    """Raise the signal again once this stand-in has returned, from C: Python checks for signals
+    after every call, so raising it from the stand-in's own code would have it handled there, still
+    inside the guard. What the stand-in returns is released by C as it returns, and the release
+    calls C callables only (`interrupt_main` over a one-item map, which `dict.fromkeys` consumes)."""
+    token = _Again()
+    _echoes[:] = [r for r in _echoes if r() is not None]
+    _echoes.append(weakref.ref(token, functools.partial(dict.fromkeys, map(_interrupt_main, (signum,)))))
+    return token
 
 
 def when_busy(check: Callable[[], bool]) -> None:
@@ -57,92 +121,132 @@ def when_busy(check: Callable[[], bool]) -> None:
     _busy.append(check)
 
 
+def _inside(frame) -> bool:
+    """Whether the interrupted stack (the main thread's) runs deferfuse's code."""
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if name == "deferfuse" or name.startswith("deferfuse."):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _is_busy() -> bool:
-    return _holding or any(check() for check in _busy)
-
-
-def _handler(signum, frame):
-    global _held
-    if _is_busy():
-        _held = True
-        return
-    raise KeyboardInterrupt
-
-
-def ensure_installed() -> None:
-    """Put deferfuse's SIGINT handler in place of Python's default one, from the main thread."""
-    if threading.current_thread() is _MAIN and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, _handler)
-
-
-def deliver() -> None:
-    """Raise an interrupt that arrived while deferfuse was busy, once it no longer is."""
-    global _held
-    if _held and not _is_busy():
-        _held = False
-        raise KeyboardInterrupt
+    return _depth > 0 or any(check() for check in _busy)
 
 
 def held() -> bool:
     return _held
 
 
-def _defer(signum, frame):
-    """Stands in for a handler while holding; between a `release` cut short and the next one, it
-    passes the signal on."""
-    handler = _originals[signum]
-    if _holding:
-        _deferred.append((handler, signum, frame))
-        return None
-    return handler(signum, frame)
-
-
-def hold() -> None:
-    """From here until `release`, no Python signal handler runs: each that is called for is noted.
-    Called before a flush or replay changes anything, so that a handler which raises here, for a
-    signal already pending, leaves nothing to undo. A scan of every signal's handler (1.5 µs) and,
-    only where a handler of the user's own is installed, a swap of each."""
-    global _holding
-    if _holding or _get_ident() != _MAIN_ID:
+def deliver() -> None:
+    """Run the handlers of signals that came while deferfuse was busy, once it no longer is; the
+    first exception one raises propagates from here (when several raise, the last, with the
+    earlier as its context, as Python's own delivery would)."""
+    global _held
+    if not _held or _get_ident() != _MAIN_ID or _is_busy():
         return
-    _holding = True  # deferfuse's SIGINT handler holds from here, and `_defer` notes
-    found = list(map(_getsignal, _SIGNALS))
-    if found != _scan[0]:
-        _scan[:] = found, [i for i, h in enumerate(found) if h is not _handler and h is not _defer and callable(h)]
-    for i in _scan[1]:
-        s = _SIGNALS[i]
-        _originals[s] = found[i]
-        _setsignal(s, _defer)  # runs the handlers of signals already pending first
+    _held = False
+    waiting = list(_deferred.values())
+    _deferred.clear()
+    _run(waiting)
 
 
-def release() -> None:
-    """End `hold`: put the handlers back, then run those that were called for, in order; an
-    exception one raises propagates from here (when several raise, the last, with the earlier as
-    its context, as Python's own delivery would). Called once the results are in their storages."""
-    global _holding
-    if not _holding or _get_ident() != _MAIN_ID:
-        return
-    _holding = False  # from here `_defer` passes signals on, should putting back be cut short
-    if _originals or _deferred:
-        try:
-            _put_back()
-        finally:
-            _run_deferred()
-    if _held:
-        deliver()
-
-
-def _run_deferred() -> None:
-    while _deferred:
-        handler, signum, frame = _deferred.pop(0)
+def _run(waiting: list) -> None:
+    while waiting:
+        handler, signum, frame = waiting.pop(0)
         try:
             handler(signum, frame)
         finally:
-            _run_deferred()
+            _run(waiting)
 
 
-def _put_back() -> None:
-    for s in list(_originals):
-        if _getsignal(s) is _defer:  # else the user installed a handler since (after a cut-short release)
-            _setsignal(s, _originals[s])
-        del _originals[s]
+def hold() -> None:
+    """From here until `release`, no Python signal handler runs: each that is called for waits.
+    Called before a flush, replay or backward pass changes anything, so that a handler which
+    raises as it is called leaves nothing to undo. A scan of every signal's handler (1.5 µs)
+    wraps one installed around `signal.signal`."""
+    global _depth
+    if _get_ident() != _MAIN_ID:  # handlers run in the main thread only: nothing to hold here
+        return
+    _depth += 1
+    if list(map(_getsignal, _SIGNALS)) != _scan[0]:
+        try:
+            ensure_installed()  # a handler of a signal already pending may run (and raise) here
+        except BaseException:
+            _depth -= 1
+            raise
+
+
+def release() -> None:
+    """End `hold`; at the outermost, run the handlers that were called for. Called once the
+    results are in their storages."""
+    global _depth
+    if _get_ident() != _MAIN_ID or not _depth:
+        return
+    _depth -= 1
+    if not _depth and _held:
+        deliver()
+
+
+def ensure_installed() -> None:
+    """Put a stand-in in front of every Python-level handler (from the main thread)."""
+    if _get_ident() != _MAIN_ID:
+        return
+    for s in _SIGNALS:
+        h = _getsignal(s)
+        if callable(h) and not isinstance(h, StandIn):
+            _setsignal(s, StandIn(h))
+    _scan[0] = list(map(_getsignal, _SIGNALS))
+
+
+def _unwrap(handler):
+    return handler.handler if isinstance(handler, StandIn) else handler
+
+
+_signal_signal = signal.signal
+_signal_getsignal = signal.getsignal
+
+
+@functools.wraps(_signal_signal)
+def _install_handler(signalnum, handler):
+    if callable(handler) and not isinstance(handler, StandIn):
+        handler = StandIn(handler)
+    return _unwrap(_signal_signal(signalnum, handler))
+
+
+@functools.wraps(_signal_getsignal)
+def _installed_handler(signalnum):
+    return _unwrap(_signal_getsignal(signalnum))
+
+
+def install() -> None:
+    """Have `signal.signal` install stand-ins, and wrap the handlers already installed."""
+    signal.signal, signal.getsignal = _install_handler, _installed_handler
+    ensure_installed()
+
+
+def guard_attribute(value) -> property:
+    """The device guard's `type_`: a property whose getter and result are C callables, so that
+    no Python code runs inside the guard (a handler would run at its first line) and each lookup
+    and each call is counted in C, for `_in_guard`. pybind11 looks the method up, runs pending
+    handlers (`PyObject_Str`), then calls it: between the two, the lookups are one ahead."""
+    calls = itertools.repeat(value, _N)
+    lookups = itertools.repeat(calls.__next__, _N)
+    _guard[:] = lookups, calls
+    return property(functools.partial(next, lookups))
+
+
+def _in_guard() -> bool:
+    """Whether this handler runs inside a call of the device guard (see `guard_attribute`)."""
+    if not _guard:
+        return False
+    counts = (_N - _guard[0].__length_hint__(), _N - _guard[1].__length_hint__())
+    ahead = counts[0] - counts[1] - _guard_seen[0]
+    if not ahead:
+        return False
+    if counts == _guard_seen[1]:  # no guard call since the last re-raise: a lookup by Python code
+        _guard_seen[0] += ahead
+        return False
+    _guard_seen[1] = counts
+    return True

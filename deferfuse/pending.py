@@ -209,9 +209,10 @@ def flush(cause: str, where=None) -> list:
 def _flush(cause: str, where=None) -> list:
     """`flush` itself.
 
-    Nothing an exception does here may leave a storage without its value: one that lands before
-    the programs have consumed any input (an interrupt during a compile) leaves the work pending
-    as it was; one that lands after them still puts their values in place (see `_interrupted`)."""
+    Nothing an exception does here may leave a storage without its value. Signal handlers wait
+    (interrupts.py); another exception that lands before the programs have consumed any input
+    leaves the work pending as it was, and one that lands after them still puts their values in
+    place (see `_interrupted`)."""
     g = PENDING.graph
     # After these the op stream starts afresh. A host read (`.item()` every N steps) is part of a
     # loop's period, not a break in it: the heuristic keeps cutting in the same places, so the
@@ -223,17 +224,16 @@ def _flush(cause: str, where=None) -> list:
         return []
     if PENDING.flushing:
         raise RuntimeError("deferfuse internal error: re-entrant flush")
-    PENDING.flushing = True  # first: Ctrl-C is held from here on (interrupts.py)
     pushed = PENDING.pushed
     live: list = []
     refs: dict[int, int] = {}
     results = None
+    # every signal handler waits from here to the end (interrupts.py): once a program has
+    # consumed donated inputs, an exception from one would lose what it computed. If one raises
+    # as the hold begins, for a signal already pending, nothing has changed yet.
+    interrupts.hold()
+    PENDING.flushing = True
     try:
-        interrupts.ensure_installed()
-        # every signal handler waits from here to the end (interrupts.py): once a program has
-        # consumed donated inputs, an exception from one would lose what it computed. If one
-        # raises here, for a signal already pending, nothing has changed yet.
-        interrupts.hold()
         PENDING.graph = Graph()
         PENDING.pushed = 0
         t0 = time.perf_counter()
@@ -292,8 +292,8 @@ def _flush(cause: str, where=None) -> list:
 
 def _interrupted(g: Graph, pushed: int, exc: BaseException, cause: str, where) -> None:
     """An exception other than the flush's own failure landed before the flush had its results:
-    a signal handler's as the flush began, before its hold (interrupts.py), or one no hold stops
-    (SystemExit from a hook, MemoryError). If every input of the graph is still there, nothing was
+    one that no hold stops (SystemExit from a hook, MemoryError; signal handlers wait, see
+    interrupts.py). If every input of the graph is still there, nothing was
     consumed and the work goes back to pending, as if the flush had not started. A program that
     donated an input has run, and its values are lost with the exception: the storages that were
     to receive them raise it, named, when read, rather than read as uninitialised memory."""

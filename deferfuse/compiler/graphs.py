@@ -220,10 +220,10 @@ class Replay:
             self.op = _graph_op(g, out_refs, self.scalars, self._inputs_at())
 
     def __call__(self, args: list) -> list:
+        # from before `_run` hands the old values over (storages cleared) until the new ones are
+        # in place, a signal handler's exception waits (interrupts.py)
+        interrupts.hold()
         try:
-            # from before `_run` hands the old values over (storages cleared) until the new ones
-            # are in place, a signal handler's exception waits (interrupts.py)
-            interrupts.hold()
             values = self._run(args) if self.plan is not None else []
             for i, idx in self.into_args:
                 args[i]._st.set_value(values[idx])
@@ -246,7 +246,7 @@ class Replay:
         """Record the call as one node of the pending graph: what the program reads is each
         storage's current (maybe pending) value, what it writes becomes those storages' pending values."""
         g = pending.PENDING.graph
-        CALL.in_op += 1  # Ctrl-C waits until the node and every storage it writes are in place
+        CALL.in_op += 1  # signal handlers wait until the node and every storage it writes are in place
         try:
             refs = []
             for feed, (shape, dtype) in zip(self.feeds, self.in_avals):

@@ -17,9 +17,8 @@ pending graph in code that never syncs:
 
 A training loop is also cut where its optimizer's `step()` returns (just before the op that
 follows it): that is where one step ends, whatever ran before it (gradient accumulation,
-clipping, several losses). The first step, which
-creates the optimizer's state, is then one program and every later step another, the same one:
-two whole-step programs in all. Left to the period detector, a loop is cut once the stream has
+clipping, several losses). The first step, which creates the optimizer's state, is then one
+program and every later step another, the same one: two whole-step programs in all. Left to the period detector, a loop is cut once the stream has
 repeated, at a phase set by wherever the repetition began (in the middle of the optimizer's
 update, after a first step longer than the rest), so the first cut takes two or more steps in one
 program of its own and leaving the loop flushes a partial step as another: four programs to

@@ -26,6 +26,9 @@ class Metrics:
     # jitted programs created: a missed plan's programs minus the groups it shares with others
     programs_built: int = 0
     compile_seconds: float = 0.0
+    # XLA's own share of it: the backend compiles (JAX's monitoring event), none for a program
+    # loaded from the persistent cache, whose tracing and lowering compile_seconds still counts
+    xla_compile_seconds: float = 0.0
     execute_calls: int = 0
     cpu_fallbacks: Counter = field(default_factory=Counter)  # op name -> count
     # op name -> calls recorded as one node from the kept expansion of their decomposition
@@ -65,6 +68,7 @@ class Metrics:
             "programs_compiled": self.cache_misses,
             "programs_built": self.programs_built,
             "compile_seconds": self.compile_seconds,
+            "xla_compile_seconds": self.xla_compile_seconds,
             "execute_calls": self.execute_calls,
             "cpu_fallbacks": dict(self.cpu_fallbacks),
             "cpu_fallbacks_total": sum(self.cpu_fallbacks.values()),

@@ -44,6 +44,7 @@ from .events import METRICS
 
 _HITS = "/jax/compilation_cache/cache_hits"
 _REQUESTS = "/jax/compilation_cache/compile_requests_use_cache"
+_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 
 
 def _version() -> str:
@@ -64,6 +65,7 @@ def _private(path: str) -> bool:
 
 def configure() -> str | None:
     """Turn the cache on as CONFIG says; returns its folder, or None when it is off."""
+    _listen_compiles()
     root = CONFIG.cache_dir
     if not root:
         return None
@@ -155,6 +157,22 @@ class Store(CacheInterface):
 
 
 _LISTENING = []
+_COMPILES = []
+
+
+def _listen_compiles() -> None:
+    """Sum XLA's backend compiles into `xla_compile_seconds`, cache on or off: what a program
+    loaded from the persistent cache does not pay, where `compile_seconds` also counts the
+    tracing and lowering JAX needs to find it."""
+    if _COMPILES:
+        return
+    _COMPILES.append(True)
+
+    def on_duration(event: str, duration: float, **_) -> None:
+        if event == _BACKEND_COMPILE:
+            METRICS.xla_compile_seconds += duration
+
+    jax.monitoring.register_event_duration_secs_listener(on_duration)
 
 
 def _listen() -> None:

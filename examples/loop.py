@@ -68,8 +68,8 @@ def summary(mode: str, steps: int, t0: float) -> None:
     m = deferfuse.metrics()
     compiling = m["compile_seconds"]
     print(f"{head}, {steps / max(elapsed - compiling, 1e-9):.2f} without compile time")
-    print(f"compile: {m['programs_compiled']} programs, {compiling:.2f}s (persistent cache: "
-          f"{m['persistent_cache_hits']} hits, {m['persistent_cache_misses']} misses)")
+    print(f"compile: {m['programs_compiled']} programs, {compiling:.2f}s, {m['xla_compile_seconds']:.2f}s of it in XLA "
+          f"(persistent cache: {m['persistent_cache_hits']} hits, {m['persistent_cache_misses']} misses)")
     causes = sorted(m["flushes_by_cause"].items(), key=lambda kv: -kv[1])
     print(f"flushes: {m['flushes']}" + (f" ({', '.join(f'{n} {c}' for c, n in causes)})" if causes else ""))
     ops = sorted(m["cpu_fallbacks"].items(), key=lambda kv: -kv[1])

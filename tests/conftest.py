@@ -24,15 +24,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 
-_SUMMARY = re.compile(r"^compile: (\d+) programs, ([\d.]+)s \(persistent cache: (\d+) hits, (\d+) misses\)$", re.M)
+_SUMMARY = re.compile(r"^compile: (\d+) programs, ([\d.]+)s, ([\d.]+)s of it in XLA \(persistent cache: (\d+) hits, "
+                      r"(\d+) misses\)$", re.M)
 
 
 def read_summary(out: str) -> dict:
     """The numbers in an example's last lines (examples/loop.py `summary`), by metrics() name."""
-    programs, seconds, hits, misses = _SUMMARY.search(out).groups()
+    programs, seconds, xla, hits, misses = _SUMMARY.search(out).groups()
     flushes = re.search(r"^flushes: (\d+)(?: \((.*)\))?$", out, re.M)
     by_cause = {c: int(n) for n, c in (part.split(" ", 1) for part in (flushes[2] or "").split(", ") if part)}
-    return {"programs_compiled": int(programs), "compile_seconds": float(seconds),
+    return {"programs_compiled": int(programs), "compile_seconds": float(seconds), "xla_compile_seconds": float(xla),
             "persistent_cache_hits": int(hits), "persistent_cache_misses": int(misses),
             "flushes": int(flushes[1]), "flushes_by_cause": by_cause,
             "cpu_fallbacks_total": int(re.search(r"^CPU fallbacks: (\d+)", out, re.M)[1])}

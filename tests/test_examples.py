@@ -52,6 +52,7 @@ def test_the_summary_is_read_at_a_glance(capsys):
     assert m["flushes"] > 1 and m["programs_compiled"] > 0
     got = read_summary(out)
     assert abs(got.pop("compile_seconds") - m["compile_seconds"]) <= 0.005
+    assert abs(got.pop("xla_compile_seconds") - m["xla_compile_seconds"]) <= 0.005
     assert got == {k: m[k] for k in got}, out
     assert "deferfuse-report " in lines[-1] and "deferfuse.metrics()" in lines[-1], out
 

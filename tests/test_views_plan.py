@@ -4,6 +4,7 @@ from __future__ import annotations
 import random
 
 import jax
+import jax.extend.core as jax_core
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -137,7 +138,7 @@ def _int_ops(jaxpr) -> set:
         for v in eqn.outvars:
             if jnp.issubdtype(v.aval.dtype, jnp.integer):
                 out.add((eqn.primitive.name, str(v.aval.dtype)))
-        for sub in jax.core.jaxprs_in_params(eqn.params):
+        for sub in jax_core.jaxprs_in_params(eqn.params):
             out |= _int_ops(sub)
     return out
 

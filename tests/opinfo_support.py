@@ -22,7 +22,8 @@ with warnings.catch_warnings():
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 MODES = ("strict", "debug", "defer_and_fuse")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int64": torch.int64, "bool": torch.bool}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "int64": torch.int64,
+          "bool": torch.bool}
 
 # Ops whose values are random: compared on shape, dtype and determinism under manual_seed.
 RANDOM_OPS = {
@@ -178,6 +179,7 @@ def compare(expected, got, exact_dtype=True) -> None:
 _TOL = {
     torch.float32: (1e-5, 1e-5),
     torch.float64: (1e-7, 1e-7),
+    torch.complex128: (1e-7, 1e-7),
     torch.complex64: (1e-5, 1e-5),
     torch.bfloat16: (1e-2, 1.6e-2),
     torch.float16: (1e-3, 1e-3),

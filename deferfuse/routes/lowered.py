@@ -1,12 +1,14 @@
 """The route of an op with a lowering: walk the call's signature, find (or make) its recipe,
 record one node. A call the lowering does not support (its `supports` predicate) takes PyTorch's
-decomposition if there is one, else the CPU fallback. A contraction (matmul, conv, attention)
+decomposition if there is one, else the CPU fallback; a call in a dtype the device's XLA lacks
+(lowering/device_limits.py) takes the CPU fallback. A contraction (matmul, conv, attention)
 keeps its recipes per float32 matmul precision at the call (precision.py).
 """
 from __future__ import annotations
 
 from .. import rng
 from ..lowering import LOWERINGS
+from ..lowering.device_limits import lacks
 from ..meta import meta_args, signature
 from ..precision import current as matmul_precision
 from ..probe import divides_by_a_zero_number, run_cpu_probe
@@ -34,6 +36,9 @@ def route_lowered(func, args, kwargs):
     key, tensors, scalars = signature(spec, args, kwargs)
     r = RECIPES.get(key)
     if r is None:
+        why = lacks(func, key, args, kwargs)
+        if why is not None:  # a dtype the device's XLA cannot run this op in
+            return fallback.run(func, args, kwargs, reason=why)
         low = LOWERINGS[func]
         if low.supports is not None and not low.supports(*meta_args(args, kwargs)):
             return _unsupported(func, args, kwargs)
@@ -63,6 +68,9 @@ def route_contracting(func, args, kwargs):
     recipes = CONTRACTIONS[precision]  # not one dict under (key, precision): that hashes key again
     r = recipes.get(key)
     if r is None:
+        why = lacks(func, key, args, kwargs)
+        if why is not None:
+            return fallback.run(func, args, kwargs, reason=why)
         low = LOWERINGS[func]
         if low.supports is not None and not low.supports(*meta_args(args, kwargs)):
             return _unsupported(func, args, kwargs)

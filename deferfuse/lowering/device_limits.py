@@ -1,0 +1,72 @@
+"""What the device's XLA lacks: calls with a lowering that the device cannot run, per op and dtype.
+
+A lowering is pure JAX and compiles for every backend, but not every backend compiles every dtype:
+a TPU has no native float64 or complex128. XLA:TPU emulates float64 arithmetic, elementwise ops and
+contractions (slowly), but JAX on a v5e raised for float64 `linalg.solve`, `inv`, `slogdet` and
+`fft` (issue 42), and complex128 has no TPU support at all in PyTorch/XLA. Such a call must not
+reach a program, where the whole flush would fail far from the user's line: it takes the CPU
+fallback instead, counted and warned about under a reason that names the dtype and the device, or
+raises NotImplementedError saying the same with DEFERFUSE_NO_CPU_FALLBACK=1.
+
+The table is per JAX platform and names lowering families by module. What is not listed runs on
+the device; the TPU profile of the suite (docs/testing.md, the OpInfo float64 entries) is what
+decides an entry, so a family joins or leaves the table on that evidence.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ..target import jax_device
+from . import factorizations, fft
+from .registry import LOWERINGS
+
+
+class Limit(NamedTuple):
+    module: str  # the lowering family, by the module its lowerings live in
+    dtypes: frozenset  # a call with a tensor of one of these dtypes cannot run on the device
+    why: str
+
+
+_WIDE = frozenset({torch.float64, torch.complex128})
+LIMITS: dict[str, tuple[Limit, ...]] = {
+    "tpu": (
+        Limit(fft.__name__, _WIDE, "XLA:TPU's FFT takes float32 and complex64 only"),
+        Limit(factorizations.__name__, _WIDE,
+              "XLA:TPU has no 64-bit LU, Cholesky or triangular solve (JAX raised for float64 solve, inv and "
+              "slogdet on a TPU)"),
+    ),
+}
+
+_REFUSED: dict = {}  # signature key -> reason, for calls already refused
+
+
+def platform() -> str:
+    return jax_device().platform
+
+
+def lacks(func, key, args, kwargs) -> str | None:
+    """Why the device cannot run this call (the fallback's reason), or None when it can. Asked
+    once per new signature: a refused one is remembered under its key, an accepted one gets a
+    recipe and is never asked about again."""
+    why = _REFUSED.get(key)
+    if why is not None:
+        return why
+    limits = LIMITS.get(platform())
+    if not limits:
+        return None
+    module = LOWERINGS[func].fn.__module__
+    for limit in limits:
+        if limit.module != module:
+            continue
+        for x in (*args, *kwargs.values()):
+            if isinstance(x, torch.Tensor) and x.dtype in limit.dtypes:
+                why = _REFUSED[key] = f"{str(x.dtype).removeprefix('torch.')} on a {platform()} device: {limit.why}"
+                return why
+    return None
+
+
+def forget() -> None:
+    """Drop remembered refusals (tests that pretend to be another platform)."""
+    _REFUSED.clear()

@@ -1,0 +1,121 @@
+"""What a TPU lacks (deferfuse/lowering/device_limits.py): float64 and complex128 FFTs and LU-family
+factorizations take the CPU fallback on a TPU, named with the dtype and the device, or raise so
+under DEFERFUSE_NO_CPU_FALLBACK; every other dtype, and every dtype on this machine's own
+platform, stays lowered. Here the TPU is the table's: `platform()` is patched, so these run on any
+backend; the TPU profile of the suite runs the same calls on the chip itself."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import deferfuse
+from conftest import MODES, run_on
+from deferfuse.config import CONFIG
+from deferfuse.lowering import device_limits
+from deferfuse.record import forget_recipes
+from deferfuse.routes import fallback
+
+_G = torch.Generator().manual_seed(0)
+
+
+def _rand(*shape, dtype):
+    return torch.randn(*shape, dtype=dtype, generator=_G)
+
+
+@pytest.fixture
+def on_tpu(monkeypatch):
+    """The TPU's table, with no recipe or refusal left from another platform's calls."""
+    monkeypatch.setattr(device_limits, "platform", lambda: "tpu")
+    forget_recipes()
+    device_limits.forget()
+    yield
+    forget_recipes()
+    device_limits.forget()
+
+
+def _well_conditioned(dtype):
+    return _rand(3, 4, 4, dtype=dtype) + 4 * torch.eye(4, dtype=dtype)
+
+
+CASES = {
+    "inv": (lambda a: torch.linalg.inv(a), "aten.linalg_inv_ex.default"),
+    "solve": (lambda a: torch.linalg.solve(a, a[..., :2]), "aten._linalg_solve_ex.default"),
+    "slogdet": (lambda a: list(torch.linalg.slogdet(a)), "aten._linalg_slogdet.default"),
+    "cholesky": (lambda a: torch.linalg.cholesky(a @ a.mT.conj()), "aten.linalg_cholesky_ex.default"),
+    "fft": (lambda a: torch.fft.fft2(a), None),
+    "rfft": (lambda a: torch.fft.irfft(torch.fft.rfft(a.real)), None),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_wide_dtype_the_tpu_lacks_runs_on_cpu_named(on_tpu, case, dtype):
+    fn, op = CASES[case]
+    a = _well_conditioned(dtype)
+    expected = fn(a)
+    for mode in MODES:
+        deferfuse.reset_metrics()
+        got = run_on(lambda d: fn(a.to(d)), "tpu", mode)
+        torch.testing.assert_close(got, expected, msg=lambda s, m=mode: f"[{m}] {s}")
+        fell = deferfuse.metrics()["cpu_fallbacks"]
+        assert fell, f"[{mode}] {case} in {dtype} ran on the device"
+        if op is not None:
+            assert op in fell, fell
+        else:
+            assert all(name.startswith("aten._fft_") for name in fell), fell
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_what_the_tpu_has_stays_lowered(on_tpu, case, dtype):
+    fn, _ = CASES[case]
+    a = _well_conditioned(dtype)
+    deferfuse.reset_metrics()
+    got = run_on(lambda d: fn(a.to(d)), "tpu", "defer_and_fuse")
+    torch.testing.assert_close(got, fn(a), rtol=1e-4, atol=1e-4)
+    assert not deferfuse.metrics()["cpu_fallbacks"]
+
+
+def test_the_warning_names_the_op_the_dtype_and_the_device(on_tpu):
+    fallback._warned.discard("aten.linalg_inv_ex.default")
+    a = _well_conditioned(torch.float64).to("tpu")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.linalg.inv(a)
+    text = [str(w.message) for w in caught if "Falling back" in str(w.message)]
+    assert len(text) == 1, text
+    assert "aten.linalg_inv_ex.default" in text[0] and "float64 on a tpu device" in text[0], text[0]
+
+
+def test_without_the_fallback_it_raises_naming_op_dtype_and_device(on_tpu, monkeypatch):
+    monkeypatch.setattr(CONFIG, "no_cpu_fallback", True)
+    a = _well_conditioned(torch.float64).to("tpu")
+    with pytest.raises(NotImplementedError, match=r"aten\._fft_c2c\.default.*complex128 on a tpu device"):
+        torch.fft.fft(a.to(torch.complex128))
+    with pytest.raises(NotImplementedError, match=r"aten\.linalg_inv_ex\.default.*float64 on a tpu device"):
+        torch.linalg.inv(a)
+    assert torch.equal(a.cpu(), a.cpu())  # the input is intact
+
+
+def test_gradients_through_a_refused_op_match_cpu(on_tpu):
+    a = _well_conditioned(torch.float64)
+
+    def grad(d):
+        x = a.to(d).requires_grad_()
+        torch.linalg.inv(x).sum().backward()
+        return x.grad
+
+    torch.testing.assert_close(run_on(grad, "tpu", "defer_and_fuse"), grad("cpu"))
+
+
+def test_this_platform_lowers_every_dtype():
+    """Off a TPU (CPU here, or a GPU) nothing is refused: float64 stays lowered."""
+    if device_limits.LIMITS.get(device_limits.platform()):
+        pytest.skip("this machine's platform has limits of its own: the tests above apply to it directly")
+    a = _well_conditioned(torch.float64)
+    deferfuse.reset_metrics()
+    got = run_on(lambda d: [torch.linalg.inv(a.to(d)), torch.fft.fft(a.to(d))], "tpu", "defer_and_fuse")
+    torch.testing.assert_close(got, [torch.linalg.inv(a), torch.fft.fft(a)])
+    assert not deferfuse.metrics()["cpu_fallbacks"]

@@ -1,4 +1,15 @@
-"""Shared helpers: run the same code on CPU PyTorch and on "tpu" in each mode, and compare."""
+"""Shared helpers: run the same code on CPU PyTorch and on "tpu" in each mode, and compare.
+
+Also the hooks of the device profile (tests/device_profile.py, whose docstring has the whole
+list and the reasons): `--device-profile` (`./dev test-device`) runs in this one process what a
+session with one real accelerator runs: the in-process core tests (not those marked `subprocess`,
+which start a second Python process that would contend for the chip, nor `xla_cpu`, which assert
+XLA:CPU's own behaviour, nor tests/distributed, test_hf_trainer, the bench harness and the files
+of host-side logic), a fixed third of each parametrized core test's cases, a fixed seventh of the
+OpInfo ci profile's entries, the model zoo's DeferAndFuse forwards and Strict training steps, and
+the fuzzer's ci seeds; then a summary by suite. Cut to about 12 minutes on our CPU machines, for
+about 20 on a TPU, slower to compile (an estimate until it has run on one).
+"""
 from __future__ import annotations
 
 import contextlib
@@ -14,10 +25,19 @@ os.environ.setdefault("DEFERFUSE_CACHE_DIR", "")
 # the second worker's tests fail to allocate; allocating on demand lets the workers share it.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
+import device_profile as _profile  # noqa: E402  (first: its wall time counts importing torch)
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import deferfuse
+
+# the device profile's hooks, bound here so pytest finds them in this conftest
+pytest_addoption = _profile.pytest_addoption
+pytest_configure = _profile.pytest_configure
+pytest_collection_modifyitems = _profile.pytest_collection_modifyitems
+pytest_report_header = _profile.pytest_report_header
+pytest_runtest_protocol = _profile.pytest_runtest_protocol
+pytest_terminal_summary = _profile.pytest_terminal_summary
 
 MODES = ["strict", "debug", "defer_and_fuse"]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -7,7 +7,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
+
+pytestmark = pytest.mark.subprocess  # each test is a fresh `python -c`
 
 _TRAIN = """
 import sys, torch

@@ -16,6 +16,8 @@ import pytest
 
 from conftest import MODES
 
+pytestmark = pytest.mark.subprocess  # the cases run in a process of their own
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 CASES = ["tensor_hook", "post_accumulate_hook", "module_hook", "module_pre_hook", "module_hook_wrong_count",
          "function_node_hook", "multi_grad_hook", "autograd_grad", "tpu_op_in_hook", "keyboard_interrupt",

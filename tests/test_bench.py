@@ -40,6 +40,7 @@ def test_suite_runs_a_training_workload_in_every_in_process_engine():
     assert row.count("×") == 4, row  # defer vs strict, defer vs jit, compiled vs jit, compiled vs defer
 
 
+@pytest.mark.subprocess
 def test_thread_breakdown_measures_each_group_and_one_core_has_no_xla_pool():
     """bench/threads.py: the recording thread's CPU shows on its own line, and a process confined
     to one core before JAX starts runs its programs without XLA's thread pool (what the one-core

@@ -18,6 +18,7 @@ def tight_limit(monkeypatch):
     monkeypatch.setattr(pressure, "_limit", lambda: int((now + 40) / pressure._FRACTION))
 
 
+@pytest.mark.xla_cpu  # XLA:CPU maps each executable's machine code into the process
 def test_each_executable_costs_mappings_that_a_reset_gives_back():
     before = pressure.mappings()
     with deferfuse.mode("strict"):
@@ -30,6 +31,7 @@ def test_each_executable_costs_mappings_that_a_reset_gives_back():
     assert pressure.mappings() < grown
 
 
+@pytest.mark.xla_cpu  # the limit is met through XLA:CPU's mappings
 def test_the_cache_empties_itself_near_the_limit_and_results_stay_right(tight_limit):
     deferfuse.reset_metrics()
     with pytest.warns(UserWarning, match="near the process's limit"):

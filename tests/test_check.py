@@ -104,6 +104,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.subprocess
 def test_cli_exit_status_follows_the_check():
     good = _cli("tests/check_models.py", "--mode", "strict", "--backward")
     assert good.returncode == 0, good.stdout + good.stderr

@@ -417,6 +417,7 @@ def test_views_of_inputs_alias_and_in_place_updates_land():
     torch.testing.assert_close(row.cpu(), x[1] * 10)
 
 
+@pytest.mark.subprocess
 def test_the_entry_point_alone_finds_the_backend(tmp_path):
     # an installed deferfuse declares backend "tpu" in the torch_dynamo_backends group: a
     # distribution's metadata on sys.path with the same entry point stands in for it here, and

@@ -105,6 +105,7 @@ def test_without_the_debug_checks_strict_and_deferred_read_no_data():
             assert F.one_hot(-i[:1], 4).cpu().tolist() == [[0, 0, 0, 0]]
 
 
+@pytest.mark.subprocess
 def test_the_debug_checks_follow_the_environment():
     import subprocess
     import sys
@@ -213,6 +214,7 @@ def test_debug_blocks_after_each_op():
         assert y._st.value is not None and y._st.value.is_ready()
 
 
+@pytest.mark.subprocess
 def test_debug_error_inside_backward_is_raised_by_backward():
     """A Debug check that fires inside backward raised through PyTorch's autograd engine, whose
     device-guard cleanup then aborted the process; it is raised by backward() instead. Run in a

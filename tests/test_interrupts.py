@@ -22,6 +22,7 @@ from deferfuse.record import CALL
 from conftest import MODES, ROOT
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("mode", MODES)
 def test_sigint_at_random_moments_of_a_recording_and_flushing_loop(mode, tmp_path):
     """A thread sends SIGINT at random moments of a loop of in-place ops, ops through a view, a
@@ -138,6 +139,7 @@ def test_signal_signal_installs_a_stand_in_that_getsignal_does_not_show():
         signal.signal(signal.SIGINT, before)
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("mode", ["defer_and_fuse", "strict", "split"])
 def test_a_signal_handlers_exception_in_a_flush_loses_nothing(mode):
     """A SIGALRM handler of the user's own raises KeyboardInterrupt for a signal that arrives
@@ -159,6 +161,7 @@ def _run_script(name: str, *args: str) -> subprocess.CompletedProcess:
                           timeout=240, env={**os.environ, "PYTHONPATH": ROOT})
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("mode", ["defer_and_fuse", "strict"])
 def test_a_signal_handlers_exception_anywhere_loses_nothing(mode):
     """The SIGALRM handler raises wherever the signal lands, 200 times: recording an op, autograd
@@ -172,6 +175,7 @@ def test_a_signal_handlers_exception_anywhere_loses_nothing(mode):
     assert out.stdout.split()[:2] == ["interrupts", "200"], out.stdout
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("mode", ["defer_and_fuse", "strict"])
 def test_ctrl_c_in_forward_and_backward_never_aborts(mode):
     """SIGINT from another thread at random moments of forward and backward passes, 200 times,

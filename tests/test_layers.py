@@ -7,6 +7,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
 
 _LINT = os.path.join(os.path.dirname(sys.executable), "lint-imports")
@@ -17,6 +19,7 @@ def _lint(root: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": root})
 
 
+@pytest.mark.subprocess  # lint-imports, a Python tool
 def test_every_import_points_down():
     out = _lint(ROOT)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
@@ -36,6 +39,7 @@ def _append(path: str, line: str) -> None:
         f.write("\n" + line + "\n")
 
 
+@pytest.mark.subprocess  # lint-imports, a Python tool
 def test_an_upward_import_breaks_the_layers_contract(tmp_path):
     root = _copy(tmp_path)
     _append(os.path.join(root, "deferfuse", "graph.py"), "from . import dispatch  # noqa")
@@ -44,6 +48,7 @@ def test_an_upward_import_breaks_the_layers_contract(tmp_path):
     assert "deferfuse.graph -> deferfuse.dispatch" in out.stdout, out.stdout[-3000:]
 
 
+@pytest.mark.subprocess  # lint-imports, a Python tool
 def test_an_executor_importing_modes_breaks_the_layers_contract(tmp_path):
     """modes builds the executors, so an executor that asks modes which mode is in force closes
     a circle (data_checks did): it asks executors/active.py, below both."""
@@ -54,6 +59,7 @@ def test_an_executor_importing_modes_breaks_the_layers_contract(tmp_path):
     assert "deferfuse.executors.data_checks -> deferfuse.modes" in out.stdout, out.stdout[-3000:]
 
 
+@pytest.mark.subprocess  # lint-imports, a Python tool
 def test_torch_in_the_fuser_breaks_the_forbidden_contract(tmp_path):
     root = _copy(tmp_path)
     _append(os.path.join(root, "deferfuse", "fuser.py"), "import torch  # noqa")

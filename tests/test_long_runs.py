@@ -12,6 +12,8 @@ import pytest
 
 from conftest import ROOT
 
+pytestmark = pytest.mark.subprocess  # each run is a process of its own
+
 
 def _run(which: str, **env) -> list[dict]:
     out = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "long_runs.py"), which], capture_output=True,

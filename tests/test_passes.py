@@ -4,6 +4,7 @@ from types import SimpleNamespace
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import torch
 from jax import lax
 
@@ -17,6 +18,7 @@ def _dot_dims(fn, *args):
             if e.primitive.name == "dot_general"]
 
 
+@pytest.mark.xla_cpu
 def test_weight_transpose_is_read_in_place():
     x = jnp.arange(6.0).reshape(2, 3)
     w = jnp.arange(12.0).reshape(4, 3)
@@ -80,6 +82,7 @@ def test_linear_layers_match_cpu_in_every_mode():
         torch.testing.assert_close(got_t.cpu(), x @ lin.weight.t())
 
 
+@pytest.mark.xla_cpu
 def test_the_fold_runs_for_xla_cpu_alone(monkeypatch):
     """Other backends lay out matrix operands themselves: the pass would only trace each program
     twice, seconds per compile and per persistent-cache load on a TPU host."""

@@ -14,6 +14,8 @@ import pytest
 
 from conftest import ROOT, read_summary
 
+pytestmark = pytest.mark.subprocess  # each case is a process of its own (and git's, for the checkout)
+
 # a small training run: several programs, a result to compare and the metrics to read
 _RUN = """
 import json, sys, torch, deferfuse

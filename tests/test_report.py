@@ -101,6 +101,7 @@ def causes(cli_runs, tmp_dir):
     return dict(cli_runs("causes"), _html=os.path.join(tmp_dir, "causes.html"))
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("cause", ["item", "print", "to_cpu", "tolist", "bool", "data_dependent", "sync"])
 def test_flush_cause_and_line(causes, cause):
     row = _source(causes, marker("flush_causes.py", cause))
@@ -110,6 +111,7 @@ def test_flush_cause_and_line(causes, cause):
     assert {"cause": cause, "count": n, "host_waits": True} in causes["flushes"]["by_cause"]
 
 
+@pytest.mark.subprocess
 def test_report_summary_and_schema(causes):
     s = causes["summary"]
     assert causes["schema_version"] == collect.SCHEMA_VERSION
@@ -125,6 +127,7 @@ def test_report_summary_and_schema(causes):
     assert "Flushes by cause" in causes["_stdout"]
 
 
+@pytest.mark.subprocess
 def test_dead_intermediates(causes):
     row = _source(causes, marker("flush_causes.py", "dead"))
     assert row["intermediates_skipped"] >= 2  # exp and the product are never materialised
@@ -133,6 +136,7 @@ def test_dead_intermediates(causes):
     assert mem["outputs_materialized"] > 0
 
 
+@pytest.mark.subprocess
 def test_size_cap(cli_runs):
     rep = cli_runs("size_cap")
     row = _source(rep, marker("size_cap.py", "size_cap"))
@@ -141,6 +145,7 @@ def test_size_cap(cli_runs):
     assert rep["recompiles"]["warning"] is None
 
 
+@pytest.mark.subprocess
 def test_recompile_from_input_shape(cli_runs):
     rep = cli_runs("recompile")
     where = marker("recompile.py", "recompile")
@@ -156,6 +161,7 @@ def test_recompile_from_input_shape(cli_runs):
     assert "recompiling every step" in rep["_stdout"]
 
 
+@pytest.mark.subprocess
 def test_cpu_fallback(cli_runs):
     rep = cli_runs("compare")  # the DeferAndFuse half of the --compare run is a full report
     fb = rep["fallbacks"]
@@ -167,6 +173,7 @@ def test_cpu_fallback(cli_runs):
     assert {"why": "host op", "count": 1} in rep["fusion"]["breaks"]
 
 
+@pytest.mark.subprocess
 def test_mlp_example_steady_state(cli_runs):
     rep = cli_runs("mlp")
     rc = rep["recompiles"]
@@ -189,6 +196,7 @@ def test_mlp_example_steady_state(cli_runs):
     assert "decomposed ops recorded as one node: aten.mse_loss" in text.render(rep)
 
 
+@pytest.mark.subprocess
 def test_gpt_example_item_is_the_main_sync_point(cli_runs):
     """The issue's check on the example: no recompiles after warm-up, and the line the host waits
     at most is the loss.item() line (the per-step cuts where the optimizer's step ends are engine
@@ -206,6 +214,7 @@ def test_gpt_example_item_is_the_main_sync_point(cli_runs):
     assert "the host waits most at" in rep["_stdout"]
 
 
+@pytest.mark.subprocess
 def test_compare_strict(cli_runs):
     rep = cli_runs("compare")
     other = rep["compare"]
@@ -215,6 +224,7 @@ def test_compare_strict(cli_runs):
     assert "mode strict" in rep["_stdout"] and "mode defer_and_fuse" in rep["_stdout"]
 
 
+@pytest.mark.subprocess
 def test_html_self_contained(causes):
     with open(causes["_html"], encoding="utf-8") as f:
         page = f.read()
@@ -227,6 +237,7 @@ def test_html_self_contained(causes):
     assert embedded["summary"] == causes["summary"]
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(not os.path.exists("/usr/bin/chromium"), reason="needs /usr/bin/chromium")
 def test_html_screenshot(causes, tmp_path):
     png = tmp_path / "report.png"
@@ -238,6 +249,7 @@ def test_html_screenshot(causes, tmp_path):
     assert png.exists() and png.stat().st_size > 1000
 
 
+@pytest.mark.subprocess
 def test_env_var_starts_collection():
     code = (
         "import json, torch, deferfuse\n"

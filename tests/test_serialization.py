@@ -44,6 +44,7 @@ def test_state_dicts_round_trip_with_the_default_weights_only_load(tmp_path):
             torch.testing.assert_close(b.cpu(), a.cpu())
 
 
+@pytest.mark.subprocess
 def test_a_tpu_checkpoint_loads_on_cpu_without_deferfuse(tmp_path):
     """map_location="cpu" gives CPU tensors in a process that never imports deferfuse (with
     PyTorch's backend autoloading off, as on a machine without deferfuse installed)."""

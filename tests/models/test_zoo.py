@@ -62,6 +62,22 @@ def _cases():
     return cases
 
 
+def in_device_profile(item) -> bool:
+    """The device profile's share of the ci profile (tests/device_profile.py): every model's
+    forward in DeferAndFuse, the training step of the models the ci profile trains in Strict (its
+    fixed third), DeferAndFuse's one greedy generation, and the tests of no one model. Every
+    architecture runs on the device once, a third of them through a backward and an AdamW step;
+    training the other two thirds in DeferAndFuse (about 12 s each in one process here) would
+    take most of the profile's budget alone."""
+    params = getattr(item, "callspec", None)
+    if params is None:
+        return True
+    mode, stage = params.params["mode"], params.params["stage"]
+    if mode == "defer_and_fuse":
+        return stage in ("forward", "generate")
+    return mode == "strict" and stage == "train"
+
+
 @pytest.mark.parametrize("name,mode,stage", _cases())
 def test_model(name, mode, stage):
     spec = SPECS[name]

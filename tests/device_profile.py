@@ -1,0 +1,290 @@
+"""The device profile (`--device-profile`, `./dev test-device`): what a session with one real
+accelerator runs, in ONE process (issue 42, item 1). A TPU chip is held by one process at a time,
+so the profile runs without xdist and without any test that starts a second Python process; the
+same option on CPU runs the same selection. What is in, and why:
+
+- core: the in-process tests outside the three big suites, less
+  - tests marked `subprocess` (they start another Python process, which on a TPU host would
+    contend with this one for the chip, or a Python tool the host may lack) and `xla_cpu` (they
+    assert what XLA:CPU alone does);
+  - EXCLUDED_PATHS below, each with its reason: tests/distributed, test_hf_trainer, the bench
+    harness, and the files that test host-side logic only;
+  - of each parametrized test, a fixed third of its cases (by a hash of the test id; the first
+    case where the hash keeps none): every test function runs on the device, its grid thinned;
+- opinfo: tests/test_opinfo.py's ci profile, for a fixed seventh of the entries
+  (`in_device_profile` there says why);
+- models: tests/models/test_zoo.py's ci profile less its Debug and Strict forwards and its Strict
+  generations: every model's forward in DeferAndFuse, the Strict third trained, one generation;
+- fuzz: tests/fuzz/test_fuzz.py's ci seeds, all of them.
+
+Why cut at all: uncut (the in-process core tests, the OpInfo and model-zoo ci profiles, the fuzz
+seeds) it takes 35 to 50 minutes in one process on our 2-core CPU machines, by their load; the
+budget is about 12 here, for about 20 on a TPU, whose compiles and dispatches are slower.
+docs/testing.md has the timings.
+
+The profile forces the suites' ci profiles (DEFERFUSE_OPINFO=ci, DEFERFUSE_MODELS=ci, no
+DEFERFUSE_FUZZ*), deselects the rest at collection (reported as deselected, not skipped), refuses
+`-n`, and fails a test that starts a Python process at once, naming the mark it lacks.
+`--device-suites` runs some of the four suites, to split the run into shorter commands. At the
+end it prints the JAX platform, device kind, float32 matmul precision, commit, wall and CPU time
+and each suite's counts, and writes them with the failing test ids as JSON to
+$DEFERFUSE_PROFILE_JSON if set.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import zlib
+
+import pytest
+
+OPTION = "--device-profile"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SUITES = {"tests/test_opinfo.py": "opinfo", "tests/models/test_zoo.py": "models", "tests/fuzz/test_fuzz.py": "fuzz"}
+SUITE_NAMES = ("core", "opinfo", "models", "fuzz")
+OUTCOMES = ("passed", "failed", "xfailed", "xpassed", "skipped", "error")
+MARKERS = ("subprocess", "xla_cpu")  # registered, with what they mean, in pyproject.toml
+# path prefix (from the repository root) -> why the device profile leaves it out
+EXCLUDED_PATHS = {
+    "tests/distributed/": "torchrun-launched runs, a process per device",
+    "tests/models/test_hf_trainer.py": "needs accelerate, which the TPU host's bundle lacks; the zoo's GPT-2 covers "
+                                       "the model, and it takes about 25 s",
+    "tests/test_bench.py": "the benchmark harness (bench/), not the engine; the bench runs on a TPU as a command "
+                           "of its own, and this file takes about 95 s",
+    # host-side logic only: nothing here runs on the device
+    "tests/test_report.py": "deferfuse-report: the CLI in subprocesses, the report builder on synthetic events",
+    "tests/test_coverage.py": "the op-serving table",
+    "tests/test_layers.py": "import-linter contracts and file sizes",
+    "tests/test_fuser.py": "the fuser on plain data",
+    "tests/test_period_detector.py": "the period detector's two walks on recorded op keys",
+}
+# the suites' own profile switches: the device profile runs their ci profiles whatever is set
+CI_ENV = {"DEFERFUSE_OPINFO": "ci", "DEFERFUSE_MODELS": "ci"}
+UNSET_ENV = ("DEFERFUSE_FUZZ", "DEFERFUSE_FUZZ_START", "DEFERFUSE_OPINFO_SAMPLE")
+
+_STATE = pytest.StashKey[dict]()
+_T0 = time.time()  # conftest imports this module before torch: the wall time counts importing it
+
+
+def active(config) -> bool:
+    return bool(config.getoption(OPTION, default=False))
+
+
+def suite_of(nodeid: str) -> str:
+    return SUITES.get(nodeid.split("::")[0], "core")
+
+
+def pytest_addoption(parser):
+    parser.addoption(OPTION, action="store_true", default=False,
+                     help="run the device profile: core tests, the OpInfo, model-zoo and fuzzer ci profiles, in this "
+                          "one process (tests/device_profile.py)")
+    parser.addoption("--device-suites", default=",".join(SUITE_NAMES), metavar="LIST",
+                     help=f"with {OPTION}: only these of its suites (comma-separated, default all: "
+                          f"{','.join(SUITE_NAMES)}), to split the run where one command has less time")
+
+
+def _suites(config) -> set[str]:
+    asked = {s.strip() for s in config.getoption("--device-suites").split(",") if s.strip()}
+    if not asked or asked - set(SUITE_NAMES):
+        raise pytest.UsageError(f"--device-suites takes some of {','.join(SUITE_NAMES)}, not {sorted(asked)}")
+    return asked
+
+
+def pytest_configure(config):
+    if not active(config):
+        return
+    if getattr(config.option, "numprocesses", None):
+        raise pytest.UsageError(f"{OPTION} runs in one process (one process holds the accelerator): drop -n, "
+                                "or pass -p no:xdist")
+    asked = _suites(config)
+    os.environ.update(CI_ENV)
+    for name in UNSET_ENV:
+        os.environ.pop(name, None)
+    config.stash[_STATE] = {"t0": _T0, "asked": [s for s in SUITE_NAMES if s in asked], "selected": {},
+                           "deselected": {}}
+
+
+def _excluded_reason(item, suites: set[str]) -> str | None:
+    path = item.nodeid.split("::")[0]
+    if suite_of(item.nodeid) not in suites:
+        return "--device-suites"
+    for prefix, reason in EXCLUDED_PATHS.items():
+        if path.startswith(prefix):
+            return reason
+    for name in MARKERS:
+        if item.get_closest_marker(name) is not None:
+            return name
+    keep = getattr(getattr(item, "module", None), "in_device_profile", None)
+    if keep is not None and not keep(item):
+        return "the suite's device share"
+    return None
+
+
+def in_core_share(nodeid: str) -> bool:
+    """A fixed third of a parametrized core test's cases, by a hash of the test id."""
+    return zlib.crc32(nodeid.encode()) % 3 == 0
+
+
+def _core_share(items: list) -> tuple[list, list]:
+    """Every core test function keeps one case at least: its first where the hash keeps none."""
+    cases: dict[str, list] = {}
+    for item in items:
+        if suite_of(item.nodeid) == "core" and "[" in item.nodeid:
+            cases.setdefault(item.nodeid.split("[")[0], []).append(item)
+    dropped = set()
+    for group in cases.values():
+        chosen = [item for item in group if in_core_share(item.nodeid)] or group[:1]
+        dropped.update(id(item) for item in group if item not in chosen)
+    return [i for i in items if id(i) not in dropped], [i for i in items if id(i) in dropped]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    if not active(config):
+        return
+    state = config.stash[_STATE]
+    kept, dropped, suites = [], [], _suites(config)
+    for item in items:
+        (dropped if _excluded_reason(item, suites) else kept).append(item)
+    kept, thinned = _core_share(kept)
+    dropped += thinned
+    for which, group in (("selected", kept), ("deselected", dropped)):
+        for item in group:
+            suite = suite_of(item.nodeid)
+            state[which][suite] = state[which].get(suite, 0) + 1
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+# --- a test that starts a Python process fails at once (it would hang or die on a TPU host) ---------
+
+
+def _starts_python(args, shell: bool, executable) -> str | None:
+    if executable is not None:
+        argv0 = os.fspath(executable)
+    elif isinstance(args, (str, bytes, os.PathLike)):
+        argv0 = os.fsdecode(args)
+        argv0 = shlex.split(argv0)[0] if shell and argv0.strip() else argv0
+    else:
+        argv0 = os.fsdecode(list(args)[0])
+    path = shutil.which(argv0) or argv0
+    if os.path.basename(path).startswith("python") or os.path.realpath(path) == os.path.realpath(sys.executable):
+        return argv0
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(200)
+    except OSError:
+        return None
+    return argv0 if first.startswith(b"#!") and b"python" in first else None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not active(item.config):
+        yield
+        return
+    real_init = subprocess.Popen.__init__
+
+    def guarded_init(self, args, *a, **kw):
+        argv0 = _starts_python(args, kw.get("shell", False), kw.get("executable"))
+        if argv0 is not None:
+            raise RuntimeError(f"{item.nodeid} starts a Python process ({argv0}): under {OPTION} this process alone "
+                               "holds the accelerator; mark the test @pytest.mark.subprocess")
+        real_init(self, args, *a, **kw)
+
+    subprocess.Popen.__init__ = guarded_init
+    try:
+        yield
+    finally:
+        subprocess.Popen.__init__ = real_init
+
+
+# --- the summary ------------------------------------------------------------------------------------------
+
+
+def _commit() -> dict:
+    """The commit under test: git's where this is a checkout (the TPU host's copy may have no git
+    metadata), else $DEFERFUSE_COMMIT."""
+    def git(*args):
+        return subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True, timeout=20, check=True).stdout
+
+    try:
+        if os.path.realpath(git("rev-parse", "--show-toplevel").strip()) == os.path.realpath(ROOT):
+            return {"commit": git("rev-parse", "HEAD").strip(),
+                    "dirty": bool(git("status", "--porcelain", "--untracked-files=no").strip()), "commit_from": "git"}
+    except (OSError, subprocess.SubprocessError):
+        pass
+    env = os.environ.get("DEFERFUSE_COMMIT")
+    return {"commit": env or None, "dirty": None, "commit_from": "DEFERFUSE_COMMIT" if env else None}
+
+
+def _device() -> dict:
+    import jax
+    import torch
+
+    d = jax.devices()[0]
+    return {"platform": d.platform, "device_kind": getattr(d, "device_kind", d.platform), "device_count": jax.device_count(),
+            "float32_matmul_precision": torch.get_float32_matmul_precision(), "jax": jax.__version__,
+            "torch": torch.__version__, "python": sys.version.split()[0]}
+
+
+def pytest_report_header(config):
+    if active(config):
+        d = _device()
+        return [f"device profile: {d['platform']} ({d['device_kind']}), float32 matmul precision "
+                f"{d['float32_matmul_precision']}"]
+    return None
+
+
+def summary(config, stats: dict, exitstatus) -> dict:
+    state = config.stash[_STATE]
+    suites = {s: dict.fromkeys(OUTCOMES, 0) for s in SUITE_NAMES}
+    failing = {"failed": [], "error": []}
+    for outcome in OUTCOMES:
+        for rep in stats.get(outcome, []):
+            nodeid = getattr(rep, "nodeid", "")
+            suites[suite_of(nodeid)][outcome] += 1
+            if outcome in failing:
+                failing[outcome].append(nodeid)
+    for s in SUITE_NAMES:
+        suites[s]["selected"] = state["selected"].get(s, 0)
+        suites[s]["deselected"] = state["deselected"].get(s, 0)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {"profile": "device", **_device(), **_commit(), "wall_seconds": round(time.time() - state["t0"], 1),
+            "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1),
+            "exit_status": int(exitstatus), "suites_asked": state.get("asked", list(SUITE_NAMES)), "suites": suites,
+            "failed": failing["failed"], "errors": failing["error"]}
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not active(config):
+        return
+    s = summary(config, terminalreporter.stats, exitstatus)
+    tr = terminalreporter
+    tr.section("device profile")
+    commit = s["commit"] or "unknown (no git checkout, no DEFERFUSE_COMMIT)"
+    tr.write_line(f"{s['platform']} ({s['device_kind']}, {s['device_count']} device(s)), float32 matmul precision "
+                  f"{s['float32_matmul_precision']}; jax {s['jax']}, torch {s['torch']}, python {s['python']}")
+    tr.write_line(f"commit {commit}{' (with uncommitted changes)' if s['dirty'] else ''}; "
+                  f"wall {s['wall_seconds']:.0f}s, CPU {s['cpu_seconds']:.0f}s")
+    columns = ("selected", *OUTCOMES, "deselected")
+    tr.write_line(f"{'suite':8}" + "".join(f"{c:>11}" for c in columns))
+    for name, counts in s["suites"].items():
+        tr.write_line(f"{name:8}" + "".join(f"{counts[c]:>11}" for c in columns))
+    failing = [f"FAILED {n}" for n in s["failed"]] + [f"ERROR {n}" for n in s["errors"]]
+    for line in failing[:30]:
+        tr.write_line(line)
+    if len(failing) > 30:
+        tr.write_line(f"... and {len(failing) - 30} more (the JSON lists them all)")
+    path = os.environ.get("DEFERFUSE_PROFILE_JSON")
+    if path:
+        with open(path, "w") as f:
+            json.dump(s, f, indent=1)
+        tr.write_line(f"written to {path}")

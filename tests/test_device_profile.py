@@ -1,0 +1,111 @@
+"""The device profile (tests/device_profile.py, `./dev test-device`): its selection holds all four
+suites and nothing that starts another process or asserts XLA:CPU's own behaviour, its summary
+counts by suite, and under it a test that starts a Python process fails at once."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import device_profile as P
+from conftest import ROOT
+
+# a plugin for the collecting process: what was selected and deselected, with each item's markers
+_PROBE = """
+import json, os
+_deselected = []
+def pytest_deselected(items):
+    _deselected.extend(items)
+def pytest_collection_finish(session):
+    row = lambda i: [i.nodeid, sorted({m.name for m in i.iter_markers()})]
+    with open(os.environ["PROBE_OUT"], "w") as f:
+        json.dump({"selected": [row(i) for i in session.items], "deselected": [row(i) for i in _deselected]}, f)
+"""
+
+
+def _collect(tmp_path, *args, xdist: str = "no:xdist") -> subprocess.CompletedProcess:
+    (tmp_path / "selection_probe.py").write_text(_PROBE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), ROOT]), "PROBE_OUT": str(tmp_path / "probe.json"),
+           "DEFERFUSE_PROFILE_JSON": str(tmp_path / "summary.json"), "DEFERFUSE_OPINFO": "full"}
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", xdist, "-p", "selection_probe", *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.subprocess  # collects the suite in a pytest process of its own
+def test_the_selection_holds_every_suite_and_nothing_that_needs_another_process(tmp_path):
+    out = _collect(tmp_path, P.OPTION, "--collect-only", "-q", "tests")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    probe = json.loads((tmp_path / "probe.json").read_text())
+    selected, deselected = probe["selected"], probe["deselected"]
+    by_suite = {s: [n for n, _ in selected if P.suite_of(n) == s] for s in P.SUITE_NAMES}
+    assert all(by_suite.values()), {s: len(v) for s, v in by_suite.items()}
+    for nodeid, marks in selected:
+        assert not set(marks) & set(P.MARKERS), (nodeid, marks)
+        assert not nodeid.startswith(tuple(P.EXCLUDED_PATHS)), nodeid
+    # what left: each for a reason the profile gives, and each reason at work
+    why = {"marker": 0, "path": 0, "share": 0, "core third": 0}
+    functions = {n.split("[")[0] for n, _ in selected}
+    for nodeid, marks in deselected:
+        if set(marks) & set(P.MARKERS):
+            why["marker"] += 1
+        elif nodeid.startswith(tuple(P.EXCLUDED_PATHS)):
+            why["path"] += 1
+        elif P.suite_of(nodeid) == "core":
+            # a case of a parametrized test left out, where another case of the same test runs
+            assert "[" in nodeid and not P.in_core_share(nodeid) and nodeid.split("[")[0] in functions, nodeid
+            why["core third"] += 1
+        else:
+            assert P.suite_of(nodeid) in ("opinfo", "models"), nodeid
+            why["share"] += 1
+    assert all(why.values()), why
+    assert any(n.startswith("tests/test_autoload.py::") for n, _ in deselected)
+    assert any(n.startswith("tests/distributed/") for n, _ in deselected)
+    assert any(n == "tests/test_device_profile.py::test_the_guard_knows_a_python_process" for n, _ in selected)
+    # the ci profile whatever DEFERFUSE_OPINFO says: the full one has every variant in every mode
+    assert not any("-method-" in n for n in by_suite["opinfo"])
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert {s: c["selected"] for s, c in summary["suites"].items()} == {s: len(v) for s, v in by_suite.items()}
+    assert summary["platform"] and summary["device_kind"] and summary["float32_matmul_precision"] == "highest"
+    assert "device profile" in out.stdout and "float32 matmul precision" in out.stdout
+
+
+@pytest.mark.subprocess  # a pytest process of its own
+def test_workers_are_refused(tmp_path):
+    out = _collect(tmp_path, P.OPTION, "-n", "2", "--collect-only", "tests/test_device_profile.py", xdist="xdist")
+    assert out.returncode != 0 and "one process" in out.stderr, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+def test_the_guard_knows_a_python_process(tmp_path):
+    script = tmp_path / "tool"
+    script.write_text("#!/usr/bin/env python3\nprint(1)\n")
+    assert P._starts_python([sys.executable, "-c", "pass"], False, None)
+    assert P._starts_python("python3 -c pass", True, None) == "python3"
+    assert P._starts_python([str(script)], False, None)
+    assert P._starts_python(["anything"], False, sys.executable)
+    assert P._starts_python(["git", "rev-parse", "HEAD"], False, None) is None
+    assert P._starts_python("ls -l", True, None) is None
+
+
+def test_the_summary_counts_by_suite():
+    class Rep:
+        def __init__(self, nodeid):
+            self.nodeid = nodeid
+
+    class Config:
+        stash = {P._STATE: {"t0": 0.0, "selected": {"core": 3, "opinfo": 2}, "deselected": {"opinfo": 5}}}
+
+    stats = {"passed": [Rep("tests/test_engine.py::a"), Rep("tests/test_opinfo.py::test_forward[x]")],
+             "failed": [Rep("tests/fuzz/test_fuzz.py::test_random_program_agrees_with_cpu_in_every_mode[3]")],
+             "error": [Rep("tests/models/test_zoo.py::test_model[bert-strict-forward]")],
+             "xfailed": [Rep("tests/test_opinfo.py::test_backward[y]")], "deselected": [object()]}
+    s = P.summary(Config(), stats, 1)
+    assert s["suites"]["core"]["passed"] == 1 and s["suites"]["opinfo"]["passed"] == 1
+    assert s["suites"]["opinfo"]["xfailed"] == 1 and s["suites"]["fuzz"]["failed"] == 1
+    assert s["suites"]["models"]["error"] == 1 and s["suites"]["opinfo"]["deselected"] == 5
+    assert s["failed"] == ["tests/fuzz/test_fuzz.py::test_random_program_agrees_with_cpu_in_every_mode[3]"]
+    assert s["errors"] == ["tests/models/test_zoo.py::test_model[bert-strict-forward]"]
+    assert s["exit_status"] == 1 and s["wall_seconds"] > 0 and s["platform"]
+    json.dumps(s)

@@ -73,6 +73,9 @@ def _items():
 
 
 FORWARD, BACKWARD = _items()
+if os.environ.get("DEFERFUSE_OPINFO_SAMPLE"):  # "k/n": every n-th case from the k-th, to time or triage
+    _k, _n = map(int, os.environ["DEFERFUSE_OPINFO_SAMPLE"].split("/"))
+    FORWARD, BACKWARD = FORWARD[_k::_n], BACKWARD[_k::_n]
 
 
 def in_device_profile(item) -> bool:
@@ -86,9 +89,6 @@ def in_device_profile(item) -> bool:
     if params is None or "op" not in params.params:
         return True
     return zlib.crc32(S.full_name(params.params["op"]).encode()) % 7 == 0
-if os.environ.get("DEFERFUSE_OPINFO_SAMPLE"):  # "k/n": every n-th case from the k-th, to time or triage
-    _k, _n = map(int, os.environ["DEFERFUSE_OPINFO_SAMPLE"].split("/"))
-    FORWARD, BACKWARD = FORWARD[_k::_n], BACKWARD[_k::_n]
 
 
 def _forward_body(op, variant: str, dtype: str, mode: str) -> None:

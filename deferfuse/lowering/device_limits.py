@@ -53,7 +53,8 @@ def lacks(func, key, args, kwargs) -> str | None:
     why = _REFUSED.get(key)
     if why is not None:
         return why
-    limits = LIMITS.get(platform())
+    where = platform()
+    limits = LIMITS.get(where)
     if not limits:
         return None
     module = LOWERINGS[func].fn.__module__
@@ -62,7 +63,7 @@ def lacks(func, key, args, kwargs) -> str | None:
             continue
         for x in (*args, *kwargs.values()):
             if isinstance(x, torch.Tensor) and x.dtype in limit.dtypes:
-                why = _REFUSED[key] = f"{str(x.dtype).removeprefix('torch.')} on a {platform()} device: {limit.why}"
+                why = _REFUSED[key] = f"{str(x.dtype).removeprefix('torch.')} on a {where} device: {limit.why}"
                 return why
     return None
 

@@ -1,5 +1,5 @@
-"""What a TPU lacks (deferfuse/lowering/device_limits.py): float64 and complex128 FFTs and LU-family
-factorizations take the CPU fallback on a TPU, named with the dtype and the device, or raise so
+"""What a TPU lacks (deferfuse/lowering/device_limits.py): float64 FFTs and LU-family
+factorizations, int64 matrix products and every complex128 op take the CPU fallback on a TPU, named with the dtype and the device, or raise so
 under DEFERFUSE_NO_CPU_FALLBACK; every other dtype, and every dtype on this machine's own
 platform, stays lowered. Here the TPU is the table's: `platform()` is patched, so these run on any
 backend; the TPU profile of the suite runs the same calls on the chip itself."""
@@ -63,8 +63,43 @@ def test_a_wide_dtype_the_tpu_lacks_runs_on_cpu_named(on_tpu, case, dtype):
         assert fell, f"[{mode}] {case} in {dtype} ran on the device"
         if op is not None:
             assert op in fell, fell
-        else:
+        elif dtype == torch.float64:
             assert all(name.startswith("aten._fft_") for name in fell), fell
+        else:  # every complex128 op falls back, a view_as_real beside the FFTs too
+            assert any(name.startswith("aten._fft_") for name in fell), fell
+
+
+_INT = torch.Generator().manual_seed(1)
+OTHERS = {  # (fn, inputs, the ops that must fall back): what the chip refused outside fft and LU
+    "int64 mm": (lambda a, b: a @ b, lambda: (torch.randint(-9, 9, (3, 4), generator=_INT),
+                                               torch.randint(-9, 9, (4, 2), generator=_INT)), {"aten.mm.default"}),
+    "int64 bmm": (lambda a, b: a @ b, lambda: (torch.randint(-9, 9, (2, 3, 4), generator=_INT),
+                                                torch.randint(-9, 9, (2, 4, 2), generator=_INT)), {"aten.bmm.default"}),
+    "int64 addmm": (lambda a, b: torch.addmm(a[:, :2], a, b, alpha=2),
+                    lambda: (torch.randint(-9, 9, (3, 4), generator=_INT), torch.randint(-9, 9, (4, 2), generator=_INT)),
+                    {"aten.addmm.default"}),
+    "complex128 div": (lambda a, b: a / b, lambda: (_rand(5, dtype=torch.complex128), _rand(5, dtype=torch.complex128)),
+                       {"aten.div.Tensor"}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OTHERS))
+def test_int64_products_and_complex128_run_on_cpu_named(on_tpu, case):
+    fn, inputs, ops = OTHERS[case]
+    xs = inputs()
+    expected = fn(*xs)
+    for mode in MODES:
+        deferfuse.reset_metrics()
+        got = run_on(lambda d: fn(*(x.to(d) for x in xs)), "tpu", mode)
+        torch.testing.assert_close(got, expected, msg=lambda s, m=mode: f"[{m}] {s}")
+        assert ops <= set(deferfuse.metrics()["cpu_fallbacks"]), (mode, deferfuse.metrics()["cpu_fallbacks"])
+
+
+def test_int32_products_stay_lowered(on_tpu):
+    a, b = (torch.randint(-9, 9, s, dtype=torch.int32, generator=_INT) for s in ((3, 4), (4, 2)))
+    deferfuse.reset_metrics()
+    torch.testing.assert_close(run_on(lambda d: a.to(d) @ b.to(d), "tpu", "defer_and_fuse"), a @ b)
+    assert not deferfuse.metrics()["cpu_fallbacks"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.complex64])

@@ -1,9 +1,10 @@
 """What the device's XLA lacks: calls with a lowering that the device cannot run, per op and dtype.
 
-A lowering is pure JAX and compiles for every backend, but not every backend compiles every dtype:
-a TPU has no native float64 or complex128. XLA:TPU emulates float64 arithmetic, elementwise ops and
-contractions (slowly), but JAX on a v5e raised for float64 `linalg.solve`, `inv`, `slogdet` and
-`fft` (issue 42), and complex128 has no TPU support at all in PyTorch/XLA. Such a call must not
+A lowering is pure JAX and compiles for every backend, but not every backend compiles every dtype.
+A TPU has no native 64-bit types: XLA:TPU emulates float64 and int64 elementwise ops, reductions
+and float64 contractions to float64's accuracy (measured on a v5e, docs/testing.md), but it raised
+for float64 LU and FFT (so `solve`, `inv`, `slogdet`, `fft`) and for int64 matrix products, and
+aborted the whole process compiling complex128 division. Such a call must not
 reach a program, where the whole flush would fail far from the user's line: it takes the CPU
 fallback instead, counted and warned about under a reason that names the dtype and the device, or
 raises NotImplementedError saying the same with DEFERFUSE_NO_CPU_FALLBACK=1.
@@ -19,7 +20,7 @@ from typing import NamedTuple
 import torch
 
 from ..target import jax_device
-from . import factorizations, fft
+from . import factorizations, fft, linalg
 from .registry import LOWERINGS
 
 
@@ -36,6 +37,12 @@ LIMITS: dict[str, tuple[Limit, ...]] = {
         Limit(factorizations.__name__, _WIDE,
               "XLA:TPU has no 64-bit LU, Cholesky or triangular solve (JAX raised for float64 solve, inv and "
               "slogdet on a TPU)"),
+        Limit(linalg.__name__, frozenset({torch.int64, torch.uint64}),
+              "XLA:TPU has no 64-bit integer matrix product (its X64 rewriter raised UNIMPLEMENTED for mm, "
+              "mv, bmm, dot and addmm)"),
+        Limit("*", frozenset({torch.complex128}),
+              "XLA:TPU aborts the whole process compiling complex128 division (a failed CHECK in its float64 "
+              "rewriter), so no complex128 call reaches it"),
     ),
 }
 
@@ -59,7 +66,7 @@ def lacks(func, key, args, kwargs) -> str | None:
         return None
     module = LOWERINGS[func].fn.__module__
     for limit in limits:
-        if limit.module != module:
+        if limit.module not in (module, "*"):
             continue
         for x in (*args, *kwargs.values()):
             if isinstance(x, torch.Tensor) and x.dtype in limit.dtypes:

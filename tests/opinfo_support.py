@@ -159,15 +159,16 @@ class Outcome:
     detail: str = ""
 
 
-def compare(expected, got, exact_dtype=True) -> None:
+def compare(expected, got, exact_dtype=True, wide_f32=False) -> None:
     if isinstance(expected, torch.Tensor):
         assert isinstance(got, torch.Tensor), f"expected a tensor, got {type(got)}"
+        k = _TPU_F32_FACTOR if wide_f32 and expected.dtype == torch.float32 else 1
         torch.testing.assert_close(got, expected, equal_nan=True, check_dtype=exact_dtype, check_device=False,
-                                   atol=_atol(expected), rtol=_rtol(expected))
+                                   atol=k * _atol(expected), rtol=k * _rtol(expected))
     elif isinstance(expected, (list, tuple)):
         assert len(expected) == len(got)
         for e, g in zip(expected, got):
-            compare(e, g, exact_dtype)
+            compare(e, g, exact_dtype, wide_f32)
     elif isinstance(expected, float):
         torch.testing.assert_close(got, expected, equal_nan=True, atol=1e-5, rtol=1.3e-6)
     else:
@@ -184,6 +185,23 @@ _TOL = {
     torch.bfloat16: (1e-2, 1.6e-2),
     torch.float16: (1e-3, 1e-3),
 }
+
+
+# A TPU's float32 transcendentals are XLA:TPU's own approximations, not XLA:CPU's. Measured on a
+# v5e against XLA:CPU, 20,000 points each (docs/testing.md, "TPU"): log and the functions built on
+# it went 4 to 12 times past the float32 tolerance above (log: 1.05e-4 absolute, 3.6e-4 relative;
+# lgamma 12, cumsum's reassociation 12), tanh and log_softmax 2.4 to 2.7 times, erfinv 1.07; exp,
+# sin, erf, sqrt, sigmoid, gelu and the rest stayed inside it. These ops alone, in float32 on a TPU
+# alone, compare at 20 times the tolerance; every other op, dtype and platform keeps the table's.
+_TPU_F32_WIDE = frozenset({"log", "log2", "log10", "log1p", "asinh", "acosh", "atanh", "logit", "lgamma", "digamma",
+                           "nn.functional.softplus", "tanh", "log_softmax", "nn.functional.log_softmax", "erfinv",
+                           "cumsum"})
+_TPU_F32_FACTOR = 20
+_ON_TPU = deferfuse.target.jax_device().platform == "tpu"
+
+
+def _wide_f32(op) -> bool:
+    return _ON_TPU and op is not None and op.name in _TPU_F32_WIDE
 
 
 def _atol(t):
@@ -226,7 +244,7 @@ def _check_one(op, expected, cpu_exc, got, tpu_exc, sample=None) -> None:
     if is_random(op, sample) or op.name in UNINITIALISED:
         _compare_meta(expected, got)
     else:
-        compare(expected, got)
+        compare(expected, got, wide_f32=_wide_f32(op))
 
 
 def run_sample(op, sample, variant: str, mode: str) -> None:

@@ -65,14 +65,18 @@ def measure(name: str, mode: str = "defer_and_fuse") -> dict[str, tuple[float, f
     return out
 
 
+def _head() -> list[str]:
+    return ["| architecture | " + " | ".join(f"forward, {p}" for p in PRECISIONS) + " | " + " | ".join(
+        f"gradients, {p}" for p in PRECISIONS) + " |", "|---|" + "---:|" * (2 * len(PRECISIONS))]
+
+
+def _row(name: str, by: dict[str, tuple[float, float]]) -> str:
+    cells = [f"{by[p][0]:.1e}" for p in PRECISIONS] + [f"{by[p][1]:.1e}" for p in PRECISIONS]
+    return f"| {name} | " + " | ".join(cells) + " |"
+
+
 def table(results: dict[str, dict[str, tuple[float, float]]]) -> str:
-    head = "| architecture | " + " | ".join(f"forward, {p}" for p in PRECISIONS) + " | " + " | ".join(
-        f"gradients, {p}" for p in PRECISIONS) + " |"
-    lines = [head, "|---|" + "---:|" * (2 * len(PRECISIONS))]
-    for name, by in results.items():
-        cells = [f"{by[p][0]:.1e}" for p in PRECISIONS] + [f"{by[p][1]:.1e}" for p in PRECISIONS]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(_head() + [_row(name, by) for name, by in results.items()])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,14 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in SPECS]
     if unknown:
         ap.error(f"unknown architectures {unknown}; known: {sorted(SPECS)}")
-    t0 = time.perf_counter()
-    results = {}
-    for name in names:
-        results[name] = measure(name, args.mode)
-        print(f"{name}: done at {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
     device = deferfuse.target.jax_device()
     print(f"relative MSE against CPU PyTorch ({args.mode}, {getattr(device, 'device_kind', device.platform)}):\n")
-    print(table(results))
+    print("\n".join(_head()), flush=True)
+    t0 = time.perf_counter()
+    for name in names:  # a row as each architecture finishes: a run cut short keeps what it measured
+        print(_row(name, measure(name, args.mode)), flush=True)
+        print(f"{name}: done at {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
     return 0
 
 

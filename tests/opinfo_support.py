@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 import deferfuse
+from deferfuse.lowering import device_limits
 
 warnings.filterwarnings("ignore", category=UserWarning)
 with warnings.catch_warnings():
@@ -197,7 +198,7 @@ _TPU_F32_WIDE = frozenset({"log", "log2", "log10", "log1p", "asinh", "acosh", "a
                            "nn.functional.softplus", "tanh", "log_softmax", "nn.functional.log_softmax", "erfinv",
                            "cumsum"})
 _TPU_F32_FACTOR = 20
-_ON_TPU = deferfuse.target.jax_device().platform == "tpu"
+_ON_TPU = device_limits.platform() == "tpu"
 
 
 def _wide_f32(op) -> bool:

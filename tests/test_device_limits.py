@@ -1,8 +1,9 @@
 """What a TPU lacks (deferfuse/lowering/device_limits.py): float64 FFTs and LU-family
-factorizations, int64 matrix products and every complex128 op take the CPU fallback on a TPU, named with the dtype and the device, or raise so
-under DEFERFUSE_NO_CPU_FALLBACK; every other dtype, and every dtype on this machine's own
-platform, stays lowered. Here the TPU is the table's: `platform()` is patched, so these run on any
-backend; the TPU profile of the suite runs the same calls on the chip itself."""
+factorizations, int64 matrix products and every complex128 op take the CPU fallback on a TPU,
+named with the dtype and the device, or raise so under DEFERFUSE_NO_CPU_FALLBACK; every other
+dtype, and every dtype on this machine's own platform, stays lowered. Here the TPU is the table's:
+`platform()` is patched, so these run on any backend; the TPU profile of the suite runs the same
+calls on the chip itself."""
 from __future__ import annotations
 
 import warnings

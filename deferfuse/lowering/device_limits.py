@@ -25,7 +25,7 @@ from .registry import LOWERINGS
 
 
 class Limit(NamedTuple):
-    module: str  # the lowering family, by the module its lowerings live in
+    module: str  # the lowering family, by the module its lowerings live in; "*" for every family
     dtypes: frozenset  # a call with a tensor of one of these dtypes cannot run on the device
     why: str
 

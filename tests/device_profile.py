@@ -87,6 +87,9 @@ def pytest_addoption(parser):
     parser.addoption("--device-suites", default=",".join(SUITE_NAMES), metavar="LIST",
                      help=f"with {OPTION}: only these of its suites (comma-separated, default all: "
                           f"{','.join(SUITE_NAMES)}), to split the run where one command has less time")
+    parser.addoption("--device-part", default="1/1", metavar="K/N",
+                     help=f"with {OPTION}: the K-th of N contiguous parts of the selection (in collection order, so "
+                          "an entry's tests stay together and share compiles), to split one suite over commands")
 
 
 def _suites(config) -> set[str]:
@@ -96,9 +99,27 @@ def _suites(config) -> set[str]:
     return asked
 
 
+def _part(config) -> tuple[int, int]:
+    text = config.getoption("--device-part")
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        k = n = 0
+    if not 1 <= k <= n:
+        raise pytest.UsageError(f"--device-part takes K/N with 1 <= K <= N, not {text!r}")
+    return k, n
+
+
+def part_of(items: list, k: int, n: int) -> tuple[list, list]:
+    """The K-th of N contiguous slices (sizes differ by one at most), and the rest."""
+    lo, hi = len(items) * (k - 1) // n, len(items) * k // n
+    return items[lo:hi], items[:lo] + items[hi:]
+
+
 def pytest_configure(config):
     if not active(config):
         return
+    k, n = _part(config)
     if getattr(config.option, "numprocesses", None):
         raise pytest.UsageError(f"{OPTION} runs in one process (one process holds the accelerator): drop -n, "
                                 "or pass -p no:xdist")
@@ -107,7 +128,7 @@ def pytest_configure(config):
     for name in UNSET_ENV:
         os.environ.pop(name, None)
     config.stash[_STATE] = {"t0": _T0, "asked": [s for s in SUITE_NAMES if s in asked], "selected": {},
-                           "deselected": {}}
+                           "deselected": {}, "part": f"{k}/{n}"}
 
 
 def _excluded_reason(item, suites: set[str]) -> str | None:
@@ -153,7 +174,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         (dropped if _excluded_reason(item, suites) else kept).append(item)
     kept, thinned = _core_share(kept)
-    dropped += thinned
+    kept, others = part_of(kept, *_part(config))  # the rest: "--device-part"
+    dropped += thinned + others
     for which, group in (("selected", kept), ("deselected", dropped)):
         for item in group:
             suite = suite_of(item.nodeid)
@@ -259,7 +281,8 @@ def summary(config, stats: dict, exitstatus) -> dict:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return {"profile": "device", **_device(), **_commit(), "wall_seconds": round(time.time() - state["t0"], 1),
             "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1),
-            "exit_status": int(exitstatus), "suites_asked": state.get("asked", list(SUITE_NAMES)), "suites": suites,
+            "exit_status": int(exitstatus), "suites_asked": state.get("asked", list(SUITE_NAMES)),
+            "part": state.get("part", "1/1"), "suites": suites,
             "failed": failing["failed"], "errors": failing["error"]}
 
 
@@ -273,7 +296,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     tr.write_line(f"{s['platform']} ({s['device_kind']}, {s['device_count']} device(s)), float32 matmul precision "
                   f"{s['float32_matmul_precision']}; jax {s['jax']}, torch {s['torch']}, python {s['python']}")
     tr.write_line(f"commit {commit}{' (with uncommitted changes)' if s['dirty'] else ''}; "
-                  f"wall {s['wall_seconds']:.0f}s, CPU {s['cpu_seconds']:.0f}s")
+                  f"wall {s['wall_seconds']:.0f}s, CPU {s['cpu_seconds']:.0f}s; part {s['part']}")
     columns = ("selected", *OUTCOMES, "deselected")
     tr.write_line(f"{'suite':8}" + "".join(f"{c:>11}" for c in columns))
     for name, counts in s["suites"].items():

@@ -109,3 +109,12 @@ def test_the_summary_counts_by_suite():
     assert s["errors"] == ["tests/models/test_zoo.py::test_model[bert-strict-forward]"]
     assert s["exit_status"] == 1 and s["wall_seconds"] > 0 and s["platform"]
     json.dumps(s)
+
+
+def test_the_parts_cover_the_selection_once():
+    items = list(range(10))
+    parts = [P.part_of(items, k, 3) for k in (1, 2, 3)]
+    assert [len(kept) for kept, _ in parts] == [3, 3, 4]
+    assert sum((kept for kept, _ in parts), []) == items
+    assert all(sorted(kept + rest) == items for kept, rest in parts)
+    assert P.part_of(items, 1, 1) == (items, [])

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import warnings
 
+import jax
+import jax.numpy as jnp
 import pytest
 import torch
 
@@ -15,6 +17,7 @@ import deferfuse
 from conftest import MODES, run_on
 from deferfuse.config import CONFIG
 from deferfuse.lowering import device_limits
+from deferfuse.lowering.elementwise import copysign, signbit
 from deferfuse.record import forget_recipes
 from deferfuse.routes import fallback
 
@@ -64,8 +67,9 @@ def test_a_wide_dtype_the_tpu_lacks_runs_on_cpu_named(on_tpu, case, dtype):
         assert fell, f"[{mode}] {case} in {dtype} ran on the device"
         if op is not None:
             assert op in fell, fell
-        elif dtype == torch.float64:
-            assert all(name.startswith("aten._fft_") for name in fell), fell
+        elif dtype == torch.float64:  # the FFTs, and the cast that makes fft2's complex128 input
+            assert all(name.startswith("aten._fft_") or name == "aten._to_copy.default" for name in fell), fell
+            assert any(name.startswith("aten._fft_") for name in fell), fell
         else:  # every complex128 op falls back, a view_as_real beside the FFTs too
             assert any(name.startswith("aten._fft_") for name in fell), fell
 
@@ -81,6 +85,11 @@ OTHERS = {  # (fn, inputs, the ops that must fall back): what the chip refused o
                     {"aten.addmm.default"}),
     "complex128 div": (lambda a, b: a / b, lambda: (_rand(5, dtype=torch.complex128), _rand(5, dtype=torch.complex128)),
                        {"aten.div.Tensor"}),
+    # complex128 made out of none: what a call makes counts as much as what it takes
+    "complex128 from float64": (torch.complex, lambda: (_rand(5, dtype=torch.float64), _rand(5, dtype=torch.float64)),
+                                {"aten.complex.default"}),
+    "cast to complex128": (lambda a: a.to(torch.complex128) * 2, lambda: (_rand(5, dtype=torch.float64),),
+                           {"aten._to_copy.default"}),
 }
 
 
@@ -128,8 +137,10 @@ def test_the_warning_names_the_op_the_dtype_and_the_device(on_tpu):
 def test_without_the_fallback_it_raises_naming_op_dtype_and_device(on_tpu, monkeypatch):
     monkeypatch.setattr(CONFIG, "no_cpu_fallback", True)
     a = _well_conditioned(torch.float64).to("tpu")
-    with pytest.raises(NotImplementedError, match=r"aten\._fft_c2c\.default.*complex128 on a tpu device"):
-        torch.fft.fft(a.to(torch.complex128))
+    with pytest.raises(NotImplementedError, match=r"aten\._fft_r2c\.default.*float64 on a tpu device"):
+        torch.fft.rfft(a)
+    with pytest.raises(NotImplementedError, match=r"aten\._to_copy\.default.*complex128 on a tpu device"):
+        a.to(torch.complex128)
     with pytest.raises(NotImplementedError, match=r"aten\.linalg_inv_ex\.default.*float64 on a tpu device"):
         torch.linalg.inv(a)
     assert torch.equal(a.cpu(), a.cpu())  # the input is intact
@@ -155,3 +166,32 @@ def test_this_platform_lowers_every_dtype():
     got = run_on(lambda d: [torch.linalg.inv(a.to(d)), torch.fft.fft(a.to(d))], "tpu", "defer_and_fuse")
     torch.testing.assert_close(got, [torch.linalg.inv(a), torch.fft.fft(a)])
     assert not deferfuse.metrics()["cpu_fallbacks"]
+
+
+_SIGNS = torch.tensor([0.0, -0.0, 1e-300, -1e-300, 1e300, -1e300, float("inf"), -float("inf"), 2.5, -2.5],
+                      dtype=torch.float64)
+
+
+@pytest.mark.parametrize("case", ["signbit", "copysign", "floor_divide"])
+def test_float64_sign_ops_stay_lowered_and_exact(on_tpu, case):
+    """XLA:TPU failed to compile jnp.signbit on float64 (a 64-bit shift of its bit pattern), and
+    copysign and float floor division are built on it: these are lowered through float32's sign
+    instead, which keeps the sign of zeros, infinities and numbers below float32's range."""
+    fn = {"signbit": torch.signbit, "copysign": lambda x: torch.copysign(x.flip(0), x),
+          "floor_divide": lambda x: torch.floor_divide(x.flip(0), x)}[case]
+    for mode in MODES:
+        deferfuse.reset_metrics()
+        got = run_on(lambda d: fn(_SIGNS.to(d)), "tpu", mode)
+        torch.testing.assert_close(got, fn(_SIGNS), equal_nan=True, msg=lambda s, m=mode: f"[{m}] {s}")
+        if got.dtype.is_floating_point:  # the zeros' signs too (a NaN's sign is no result of either)
+            want = fn(_SIGNS)
+            assert torch.equal(torch.signbit(got)[~want.isnan()], torch.signbit(want)[~want.isnan()]), mode
+        assert not deferfuse.metrics()["cpu_fallbacks"], mode
+
+
+def test_float64_signbit_has_no_64_bit_shift():
+    """What XLA:TPU refused, checked off the chip: the program holds no shift of a 64-bit integer."""
+    x = jnp.ones(4, jnp.float64)
+    for fn in (signbit, lambda a: copysign(a, -a)):
+        text = jax.jit(fn).lower(x).as_text()
+        assert not [line for line in text.splitlines() if "shift_right" in line and "i64" in line], text

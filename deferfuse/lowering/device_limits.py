@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..meta import flatten_outputs, run_meta
 from ..target import jax_device
 from . import factorizations, fft, linalg
 from .registry import LOWERINGS
@@ -26,7 +27,7 @@ from .registry import LOWERINGS
 
 class Limit(NamedTuple):
     module: str  # the lowering family, by the module its lowerings live in; "*" for every family
-    dtypes: frozenset  # a call with a tensor of one of these dtypes cannot run on the device
+    dtypes: frozenset  # a call with a tensor of one of these dtypes, in or out, cannot run on the device
     why: str
 
 
@@ -56,7 +57,8 @@ def platform() -> str:
 def lacks(func, key, args, kwargs) -> str | None:
     """Why the device cannot run this call (the fallback's reason), or None when it can. Asked
     once per new signature: a refused one is remembered under its key, an accepted one gets a
-    recipe and is never asked about again."""
+    recipe and is never asked about again. The outputs count as much as the inputs: a cast, a
+    factory or `torch.complex` makes complex128 out of none."""
     why = _REFUSED.get(key)
     if why is not None:
         return why
@@ -65,14 +67,33 @@ def lacks(func, key, args, kwargs) -> str | None:
     if not limits:
         return None
     module = LOWERINGS[func].fn.__module__
+    limits = [lim for lim in limits if lim.module in (module, "*")]
+    if not limits:
+        return None
+    tensors = [x for x in (*args, *kwargs.values()) if isinstance(x, torch.Tensor)]
     for limit in limits:
-        if limit.module not in (module, "*"):
-            continue
-        for x in (*args, *kwargs.values()):
-            if isinstance(x, torch.Tensor) and x.dtype in limit.dtypes:
-                why = _REFUSED[key] = f"{str(x.dtype).removeprefix('torch.')} on a {where} device: {limit.why}"
-                return why
+        for x in tensors:
+            if x.dtype in limit.dtypes:
+                return _refuse(key, x.dtype, where, limit)
+    outs = _output_dtypes(func, args, kwargs)
+    for limit in limits:
+        for dtype in outs:
+            if dtype in limit.dtypes:
+                return _refuse(key, dtype, where, limit)
     return None
+
+
+def _refuse(key, dtype, where, limit) -> str:
+    why = _REFUSED[key] = f"{str(dtype).removeprefix('torch.')} on a {where} device: {limit.why}"
+    return why
+
+
+def _output_dtypes(func, args, kwargs) -> list:
+    try:
+        out = run_meta(func, args, kwargs)
+    except Exception:  # noqa: BLE001 - a call CPU refuses is refused where its recipe is made
+        return []
+    return [x.dtype for x in flatten_outputs(out)[0]]
 
 
 def forget() -> None:

@@ -22,6 +22,23 @@ def _unary(op, fn, promote="default"):
     lowering(op, promote=promote)(fn)
 
 
+def signbit(x):
+    """jnp.signbit reads a float64's sign by shifting its 64-bit pattern, which XLA:TPU's 64-bit
+    emulation fails to compile (an s32/u32 shift); narrowing to float32 first keeps every sign,
+    of zeros, infinities and numbers too small for float32 included, so it is exact everywhere."""
+    if x.dtype == jnp.float64:
+        x = x.astype(jnp.float32)
+    return jnp.signbit(x)
+
+
+def copysign(x, y):
+    """jnp.copysign, through the signbit above."""
+    x, y = jnp.asarray(x), jnp.asarray(y)
+    dt = jnp.result_type(x, y)
+    x = jnp.abs(x.astype(dt))
+    return jnp.where(signbit(y.astype(dt)), -x, x)
+
+
 # --- unary ---------------------------------------------------------------------------------------
 
 for _op, _fn in [
@@ -74,7 +91,7 @@ for _op, _fn in [
     (aten.isfinite.default, jnp.isfinite),
     (aten.isposinf.default, jnp.isposinf),
     (aten.isneginf.default, jnp.isneginf),
-    (aten.signbit.default, jnp.signbit),
+    (aten.signbit.default, signbit),
     (aten.logical_not.default, jnp.logical_not),
 ]:
     _unary(_op, _fn, promote=None)
@@ -83,7 +100,7 @@ for _op, _fn in [
 @lowering(aten.digamma.default, promote="int_to_float")
 def digamma(x):
     """CPU's poles at zero are signed infinities (-inf at +0, +inf at -0); JAX gives NaN there."""
-    return jnp.where(x == 0, jnp.copysign(jnp.inf, -x).astype(x.dtype), jax.scipy.special.digamma(x))
+    return jnp.where(x == 0, copysign(jnp.inf, -x).astype(x.dtype), jax.scipy.special.digamma(x))
 
 
 @lowering(aten.sign.default, promote="default")
@@ -287,7 +304,7 @@ def _floor_div(x, y):
     floor = jnp.floor(div)
     floor = jnp.where(div - floor > 0.5, floor + 1, floor)
     quotient = x / y
-    return jnp.where(y == 0, quotient, jnp.where(div != 0, floor, jnp.copysign(jnp.zeros_like(div), quotient)))
+    return jnp.where(y == 0, quotient, jnp.where(div != 0, floor, copysign(jnp.zeros_like(div), quotient)))
 
 
 @lowering(aten.floor_divide.default, aten.floor_divide.Scalar, promote="default", meta_fix=_binary_layout)
@@ -429,8 +446,8 @@ for _op, _fn in [
     (aten.fmin.default, _cpu_fmin),
     (aten.atan2.default, jnp.arctan2),
     (aten.hypot.default, jnp.hypot),
-    (aten.copysign.Tensor, jnp.copysign),
-    (aten.copysign.Scalar, jnp.copysign),
+    (aten.copysign.Tensor, copysign),
+    (aten.copysign.Scalar, copysign),
     (aten.nextafter.default, jnp.nextafter),
     (aten.logaddexp.default, jnp.logaddexp),
     (aten.logaddexp2.default, jnp.logaddexp2),

@@ -10,11 +10,12 @@ import numpy as np
 import torch
 
 from . import rng, views
-from .dtypes import cast, numpy_to_torch, to_jax_dtype, to_torch_dtype, torch_to_numpy
+from .dtypes import cast, numpy_to_torch, to_jax_dtype, to_torch_dtype
 from .graph import Op
 from .lowering.registry import LowerCtx, promotion_dtypes
 from .meta import Placeholder, fill
 from .precision import XLA_NAMES
+from .tensor import host_to_jax
 from .transfers import to_cpu
 
 
@@ -176,7 +177,7 @@ def host_fn(func, tmpl, outs):
         with torch.utils._python_dispatch._disable_current_modes():
             res = func(*args, **kwargs)
         flat = _flatten(res)  # None (an output CPU leaves undefined) is not a leaf
-        arrays = [jax.device_put(np.array(torch_to_numpy(r), copy=True)) for r in flat]
+        arrays = [host_to_jax(r, name) for r in flat]
         return finalize(name, arrays, outs)
 
     return fn

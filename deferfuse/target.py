@@ -26,6 +26,12 @@ def jax_device() -> jax.Device:
     return jax.local_devices()[0]
 
 
+def platform() -> str:
+    """The JAX platform behind the device ("tpu", "gpu", "cpu"): what decides which dtypes and ops
+    its XLA lacks (device_dtypes.py, lowering/device_limits.py)."""
+    return jax_device().platform
+
+
 def device_index(device) -> int:
     """The index `device` names, read as torch.cuda reads one (its _get_device_index): None and
     "tpu" name the current device, 0; a device of another type is its ValueError."""

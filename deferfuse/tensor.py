@@ -19,7 +19,7 @@ import torch
 from torch._tensor_str import _add_suffixes, _tensor_str
 
 from .causes import Cause
-from . import backward, dtypes, views
+from . import backward, device_dtypes, dtypes, views
 from .target import NAME, jax_device
 
 DEVICE = torch.device(NAME, 0)
@@ -342,8 +342,10 @@ def from_concrete(array: jax.Array, dtype: torch.dtype) -> TpuTensor:
     return new_tensor(st, size, stride, dtype, layout_id(size, stride, dtype), None)
 
 
-def host_to_jax(t: torch.Tensor) -> jax.Array:
-    """A device copy of a CPU tensor's logical contents (never aliasing torch's memory)."""
+def host_to_jax(t: torch.Tensor, op: str | None = None) -> jax.Array:
+    """A device copy of a CPU tensor's logical contents (never aliasing torch's memory), in a dtype
+    the device holds (device_dtypes.py: else NotImplementedError naming `op`, the dtype, the device)."""
+    device_dtypes.check(t.dtype, op)
     return jax.device_put(np.array(dtypes.torch_to_numpy(t), copy=True), jax_device())
 
 

@@ -17,6 +17,8 @@ torch.manual_seed(0)
 Q, K, V = (torch.randn(2, 3, 5, 4) for _ in range(3))
 
 
+@pytest.mark.tpu_tolerance(times=4, why="softmax's exp and bf16-pass matmuls on XLA:TPU: 1.8e-5 absolute "
+                                        "measured, 1.8 times")
 @pytest.mark.parametrize("causal", [True, False])
 def test_gradients_through_a_transposed_output_match_cpu(causal):
     # a transformer transposes attention's output back to (batch, seq, heads, dim), so the

@@ -55,6 +55,8 @@ OPTIMIZERS = {
 }
 
 
+@pytest.mark.tpu_tolerance(times=4, why="four AdamW steps through bf16-pass matmuls and XLA:TPU's sqrt: 2.2e-5 "
+                                        "absolute measured, 1.5 times")
 @pytest.mark.parametrize("opt_name", list(OPTIMIZERS))
 def test_mlp_training_matches_cpu_eager(opt_name):
     m, ref = _mlp()
@@ -147,6 +149,8 @@ def test_item_inside_is_a_graph_break_and_a_sync_point():
     assert sum(torch._dynamo.utils.counters["graph_break"].values()) >= 1
 
 
+@pytest.mark.tpu_tolerance(times=8, why="XLA:TPU's float32 tanh (2.4 times per element, docs/testing.md) summed "
+                                        "over rows: 9.7e-5 absolute measured, 5 times")
 def test_recompiles_on_a_new_shape_and_not_on_a_repeated_one():
     def f(x, w):
         return torch.tanh(x @ w).sum(0) * 3
@@ -163,6 +167,8 @@ def test_recompiles_on_a_new_shape_and_not_on_a_repeated_one():
     assert compiled["a again"] == compiled["b again"] == compiled["a third"] == 0, compiled
 
 
+@pytest.mark.tpu_tolerance(times=5, why="XLA:TPU's float32 tanh (2.4 times per element, docs/testing.md) summed "
+                                        "over rows: 6.4e-5 absolute measured, 2.6 times")
 def test_dynamic_shapes_run_one_program_per_shape():
     def f(x, w):
         return torch.tanh(x @ w).sum(0) * x.shape[0]
@@ -257,7 +263,9 @@ def test_a_replayed_call_in_defer_and_fuse_joins_the_pending_graph(events):
         return torch.exp(x) + buf, x[0]
 
     cf = torch.compile(f, backend="tpu")
-    x, buf = torch.randn(4, 4), torch.zeros(4, 4)
+    # small inputs: the second call takes exp of the first's exp, which from randn() reached 1.6e38,
+    # where XLA:TPU's float32 exp is 1.5e-4 relative off CPU's (this test is about the graph)
+    x, buf = torch.randn(4, 4) / 4, torch.zeros(4, 4)
     xt, bt = x.to("tpu"), buf.to("tpu")
     cf(xt, bt), f(x, buf)  # recorded
 
@@ -356,6 +364,8 @@ def test_a_deferred_replay_takes_only_its_random_keys_as_scalars(monkeypatch):
             torch.testing.assert_close(b, f(x, p))
 
 
+@pytest.mark.tpu_tolerance(times=4, why="AdamW steps through bf16-pass matmuls and XLA:TPU's sqrt: 2.2e-5 "
+                                        "absolute measured, 1.5 times")
 def test_compiled_training_in_defer_and_fuse_runs_one_program_per_step():
     m, ref = _mlp()
     opt, ref_opt = torch.optim.AdamW(m.parameters(), lr=1e-2), torch.optim.AdamW(ref.parameters(), lr=1e-2)

@@ -75,6 +75,8 @@ def test_a_scheduled_learning_rate_compiles_nothing_per_step(opt_name, sched_nam
     assert programs[2:] == [programs[2]] * (STEPS - 2), programs
 
 
+@pytest.mark.tpu_tolerance(times=2, why="an optimizer step through bf16-pass matmuls on XLA:TPU: 1.6e-6 absolute "
+                                        "measured, 1.6 times")
 def test_a_scheduled_step_in_defer_and_fuse_is_one_program():
     """The optimizer graph taking the lr is recorded on every call (its scalars derive from the
     lr by Python arithmetic, which a replay cannot redo); in DeferAndFuse its ops join the

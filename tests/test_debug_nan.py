@@ -44,6 +44,8 @@ def _correct_programs(d):
         }
 
 
+@pytest.mark.tpu_tolerance(times=4, why="PoissonNLLLoss(full=True)'s Stirling term (XLA:TPU's float32 log): "
+                                        "4.3e-5 absolute measured, 3 times")
 def test_nan_or_inf_that_cpu_makes_too_warns_once_per_line_and_runs():
     want = _correct_programs("cpu")
     with deferfuse.mode("debug"), warnings.catch_warnings(record=True) as caught:

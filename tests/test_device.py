@@ -53,6 +53,8 @@ class _TiedLM(torch.nn.Module):
         self.head.weight = self.emb.weight
 
 
+@pytest.mark.tpu_tolerance(times=5, why="a training step through bf16-pass matmuls and XLA:TPU's log_softmax: "
+                                        "4.2e-5 absolute measured, 4 times")
 @pytest.mark.parametrize("mode", MODES)
 def test_moving_a_module_keeps_tied_weights_tied(mode):
     """Tied weights stay tied through `.to("tpu")`, as with CUDA: untying them trained two

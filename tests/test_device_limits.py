@@ -1,9 +1,11 @@
-"""What a TPU lacks (deferfuse/lowering/device_limits.py): float64 FFTs and LU-family
-factorizations, int64 matrix products and every complex128 op take the CPU fallback on a TPU,
-named with the dtype and the device, or raise so under DEFERFUSE_NO_CPU_FALLBACK; every other
-dtype, and every dtype on this machine's own platform, stays lowered. Here the TPU is the table's:
-`platform()` is patched, so these run on any backend; the TPU profile of the suite runs the same
-calls on the chip itself."""
+"""What a TPU lacks (deferfuse/lowering/device_limits.py, deferfuse/device_dtypes.py): float64 FFTs
+and LU-family factorizations, int64 matrix products and calls with a Python complex number take the
+CPU fallback on a TPU, named with the dtype and the device, or raise so under
+DEFERFUSE_NO_CPU_FALLBACK; a complex128 tensor cannot be held there at all, so what would make one
+raises naming the op; the first float64 tensor warns once. Every other dtype, and every dtype on
+this machine's own platform, stays lowered. Here the TPU is the table's: `target.platform()` is
+patched, so these run on any backend; the TPU profile of the suite runs the same calls on the chip.
+"""
 from __future__ import annotations
 
 import warnings
@@ -16,6 +18,7 @@ import torch
 import deferfuse
 from conftest import MODES, run_on
 from deferfuse.config import CONFIG
+from deferfuse import device_dtypes, target
 from deferfuse.lowering import device_limits
 from deferfuse.lowering.elementwise import copysign, signbit
 from deferfuse.record import forget_recipes
@@ -31,7 +34,8 @@ def _rand(*shape, dtype):
 @pytest.fixture
 def on_tpu(monkeypatch):
     """The TPU's table, with no recipe or refusal left from another platform's calls."""
-    monkeypatch.setattr(device_limits, "platform", lambda: "tpu")
+    monkeypatch.setattr(target, "platform", lambda: "tpu")
+    monkeypatch.setattr(device_dtypes, "_warned", {("tpu", torch.float64)})  # the float64 note said
     forget_recipes()
     device_limits.forget()
     yield
@@ -53,25 +57,62 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_a_wide_dtype_the_tpu_lacks_runs_on_cpu_named(on_tpu, case, dtype):
+_LU = sorted(c for c in CASES if CASES[c][1] is not None)
+
+
+@pytest.mark.parametrize("case", _LU)
+def test_a_float64_factorization_the_tpu_lacks_runs_on_cpu_named(on_tpu, case):
     fn, op = CASES[case]
-    a = _well_conditioned(dtype)
+    a = _well_conditioned(torch.float64)
     expected = fn(a)
     for mode in MODES:
         deferfuse.reset_metrics()
         got = run_on(lambda d: fn(a.to(d)), "tpu", mode)
         torch.testing.assert_close(got, expected, msg=lambda s, m=mode: f"[{m}] {s}")
-        fell = deferfuse.metrics()["cpu_fallbacks"]
-        assert fell, f"[{mode}] {case} in {dtype} ran on the device"
-        if op is not None:
-            assert op in fell, fell
-        elif dtype == torch.float64:  # the FFTs, and the cast that makes fft2's complex128 input
-            assert all(name.startswith("aten._fft_") or name == "aten._to_copy.default" for name in fell), fell
-            assert any(name.startswith("aten._fft_") for name in fell), fell
-        else:  # every complex128 op falls back, a view_as_real beside the FFTs too
-            assert any(name.startswith("aten._fft_") for name in fell), fell
+        assert op in deferfuse.metrics()["cpu_fallbacks"], (mode, deferfuse.metrics()["cpu_fallbacks"])
+
+
+MAKES_COMPLEX128 = {  # (fn of a float64 tensor on the device, the op named)
+    "fft2": (torch.fft.fft2, r"aten\._to_copy\.default"),  # fft2 casts its real input to complex first
+    "rfft": (torch.fft.rfft, r"aten\._fft_r2c\.default"),
+    "complex": (lambda a: torch.complex(a, a), r"aten\.complex\.default"),
+    "cast": (lambda a: a.to(torch.complex128), r"aten\._to_copy\.default"),
+    "factory": (lambda a: torch.zeros(3, dtype=torch.complex128, device=a.device), r"aten\.zeros\.default"),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", sorted(MAKES_COMPLEX128))
+def test_a_complex128_result_on_a_tpu_raises_naming_op_dtype_and_device(on_tpu, case, mode):
+    """XLA:TPU does not keep complex128 intact: what would make one on the device raises at the
+    user's line, naming the op, and leaves the input as it was."""
+    fn, op = MAKES_COMPLEX128[case]
+    a = _well_conditioned(torch.float64)
+    with deferfuse.mode(mode):
+        x = a.to("tpu")
+        with pytest.raises(NotImplementedError, match=op + r".*complex128 tensors cannot be held on a tpu device"):
+            fn(x)
+        torch.testing.assert_close(x.cpu(), a)
+
+
+def test_a_complex128_tensor_cannot_be_moved_to_a_tpu(on_tpu):
+    a = _rand(4, dtype=torch.complex128)
+    for move in (lambda: a.to("tpu"), lambda: torch.tensor([1j], dtype=torch.complex128, device="tpu"),
+                 lambda: torch.empty(1, dtype=torch.complex64, device="tpu").copy_(a[:1]).to(torch.complex128)):
+        with pytest.raises(NotImplementedError, match=r"complex128 tensors cannot be held on a tpu device \(tpu\)"):
+            move()
+
+
+def test_the_first_float64_tensor_on_a_tpu_warns_once_what_the_emulation_keeps(on_tpu, monkeypatch):
+    monkeypatch.setattr(device_dtypes, "_warned", set())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        x = torch.ones(3, dtype=torch.float64).to("tpu")
+        (x * 2).to(torch.float64).cpu()
+        torch.ones(2, dtype=torch.float64).to("tpu")
+    said = [str(w.message) for w in caught if "float64 on a tpu device (tpu) is emulated" in str(w.message)]
+    assert len(said) == 1 and "float32's exponent range" in said[0], said
+    assert caught[0].filename == __file__  # at the user's line
 
 
 _INT = torch.Generator().manual_seed(1)
@@ -83,18 +124,15 @@ OTHERS = {  # (fn, inputs, the ops that must fall back): what the chip refused o
     "int64 addmm": (lambda a, b: torch.addmm(a[:, :2], a, b, alpha=2),
                     lambda: (torch.randint(-9, 9, (3, 4), generator=_INT), torch.randint(-9, 9, (4, 2), generator=_INT)),
                     {"aten.addmm.default"}),
-    "complex128 div": (lambda a, b: a / b, lambda: (_rand(5, dtype=torch.complex128), _rand(5, dtype=torch.complex128)),
-                       {"aten.div.Tensor"}),
-    # complex128 made out of none: what a call makes counts as much as what it takes
-    "complex128 from float64": (torch.complex, lambda: (_rand(5, dtype=torch.float64), _rand(5, dtype=torch.float64)),
-                                {"aten.complex.default"}),
-    "cast to complex128": (lambda a: a.to(torch.complex128) * 2, lambda: (_rand(5, dtype=torch.float64),),
-                           {"aten._to_copy.default"}),
+    # a Python complex number is a complex128 operand to XLA: the call runs on CPU (it aborted compiling)
+    "complex bound": (lambda x: x.clamp(min=2 + 0j), lambda: (torch.tensor([1.0, 3.0, -2.0], dtype=torch.bfloat16),),
+                      {"aten.clamp.default"}),
+    "complex scalar": (lambda x: x * (1 + 2j), lambda: (_rand(4, dtype=torch.complex64),), {"aten.mul.Tensor"}),
 }
 
 
 @pytest.mark.parametrize("case", sorted(OTHERS))
-def test_int64_products_and_complex128_run_on_cpu_named(on_tpu, case):
+def test_int64_products_and_complex_scalars_run_on_cpu_named(on_tpu, case):
     fn, inputs, ops = OTHERS[case]
     xs = inputs()
     expected = fn(*xs)
@@ -139,7 +177,7 @@ def test_without_the_fallback_it_raises_naming_op_dtype_and_device(on_tpu, monke
     a = _well_conditioned(torch.float64).to("tpu")
     with pytest.raises(NotImplementedError, match=r"aten\._fft_r2c\.default.*float64 on a tpu device"):
         torch.fft.rfft(a)
-    with pytest.raises(NotImplementedError, match=r"aten\._to_copy\.default.*complex128 on a tpu device"):
+    with pytest.raises(NotImplementedError, match=r"aten\._to_copy\.default.*complex128 tensors cannot be held on a tpu"):
         a.to(torch.complex128)
     with pytest.raises(NotImplementedError, match=r"aten\.linalg_inv_ex\.default.*float64 on a tpu device"):
         torch.linalg.inv(a)
@@ -168,7 +206,7 @@ def test_this_platform_lowers_every_dtype():
     assert not deferfuse.metrics()["cpu_fallbacks"]
 
 
-_SIGNS = torch.tensor([0.0, -0.0, 1e-300, -1e-300, 1e300, -1e300, float("inf"), -float("inf"), 2.5, -2.5],
+_SIGNS = torch.tensor([0.0, -0.0, 1e-300, -1e-300, 1e30, -1e30, float("inf"), -float("inf"), 2.5, -2.5],
                       dtype=torch.float64)
 
 

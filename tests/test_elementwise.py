@@ -100,6 +100,8 @@ def test_ordering_complex_numbers_raises_like_cpu(call):
 _ZERO_BASES = [0j, complex(-0.0, 0.0), complex(0.0, -0.0), complex(-0.0, -0.0)]
 
 
+@pytest.mark.tpu_tolerance(times=4, why="complex pow is exp(w log z) in XLA:TPU's float32 exp and log: 3.2e-5 "
+                                        "absolute measured, 2.7 times")
 @pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
 def test_complex_zero_to_a_power_of_positive_real_part_is_zero(dtype):
     """CPU computes exp(y * log(0)) = exp(-inf + ...) = 0; XLA's pow gave NaN."""
@@ -116,6 +118,8 @@ def test_complex_zero_to_a_power_of_positive_real_part_is_zero(dtype):
     check_all_modes(run)
 
 
+@pytest.mark.tpu_tolerance(times=4, why="complex pow is exp(w log z) in XLA:TPU's float32 exp and log: 2.5e-5 "
+                                        "absolute measured, 2.2 times")
 @pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])  # Debug raises on the NaNs
 @pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
 def test_complex_zero_to_other_powers_like_cpu(dtype, mode):

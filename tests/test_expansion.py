@@ -73,6 +73,8 @@ def test_replayed_expansion_records_one_node(mode):
     torch.testing.assert_close(got, F.mse_loss(a.cpu(), b.cpu()))
 
 
+@pytest.mark.tpu_tolerance(times=4, why="bf16-pass matmuls on XLA:TPU: 5.5e-4 absolute on values near 155 "
+                                        "measured, 2.7 times")
 def test_custom_composite_kernel_is_kept_and_correct():
     def fn(d):
         x = torch.arange(12.0).reshape(3, 4).to(d)

@@ -116,6 +116,8 @@ def _run_expecting(key: str, reason: str | None, body) -> None:
         with S.quiet():
             body()
     except Exception as e:  # noqa: BLE001
+        if reason is None and S.unheld_on_this_device(e):
+            reason = "a complex128 result: a TPU cannot hold complex128 (deferfuse/device_dtypes.py)"
         RESULTS[key] = "xfail" if reason else "fail"
         if reason:
             pytest.xfail(reason)

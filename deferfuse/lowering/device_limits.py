@@ -1,13 +1,14 @@
 """What the device's XLA lacks: calls with a lowering that the device cannot run, per op and dtype.
 
 A lowering is pure JAX and compiles for every backend, but not every backend compiles every dtype.
-A TPU has no native 64-bit types: XLA:TPU emulates float64 and int64 elementwise ops, reductions
-and float64 contractions to float64's accuracy (measured on a v5e, docs/testing.md), but it raised
-for float64 LU and FFT (so `solve`, `inv`, `slogdet`, `fft`) and for int64 matrix products, and
-aborted the whole process compiling complex128 division. Such a call must not
-reach a program, where the whole flush would fail far from the user's line: it takes the CPU
-fallback instead, counted and warned about under a reason that names the dtype and the device, or
-raises NotImplementedError saying the same with DEFERFUSE_NO_CPU_FALLBACK=1.
+A TPU has no native 64-bit types: XLA:TPU emulates float64 (as float32 pairs, device_dtypes.py) and
+int64 for elementwise ops, reductions and float64 contractions, but it raised for float64 LU and
+FFT (so `solve`, `inv`, `slogdet`, `fft`) and for int64 matrix products, and aborted the whole
+process compiling complex128 (a Python complex number becomes one). Such a call must not reach a
+program, where the whole flush would fail far from the user's line: it takes the CPU fallback
+instead, counted and warned about under a reason that names the dtype and the device, or raises
+NotImplementedError saying the same with DEFERFUSE_NO_CPU_FALLBACK=1. A result the device cannot
+hold at all (complex128 on a TPU) raises, naming the op.
 
 The table is per JAX platform and names lowering families by module. What is not listed runs on
 the device; the TPU profile of the suite (docs/testing.md, the OpInfo float64 entries) is what
@@ -20,7 +21,7 @@ from typing import NamedTuple
 import torch
 
 from ..meta import flatten_outputs, run_meta
-from ..target import jax_device
+from .. import device_dtypes, target
 from . import factorizations, fft, linalg
 from .registry import LOWERINGS
 
@@ -42,8 +43,8 @@ LIMITS: dict[str, tuple[Limit, ...]] = {
               "XLA:TPU has no 64-bit integer matrix product (its X64 rewriter raised UNIMPLEMENTED for mm, "
               "mv, bmm, dot and addmm)"),
         Limit("*", frozenset({torch.complex128}),
-              "XLA:TPU aborts the whole process compiling complex128 division (a failed CHECK in its float64 "
-              "rewriter), so no complex128 call reaches it"),
+              "XLA:TPU takes a Python complex number as a complex128 operand, and complex128 programs aborted "
+              "the whole process compiling (a failed CHECK in its float64 rewriter)"),
     ),
 }
 
@@ -51,14 +52,15 @@ _REFUSED: dict = {}  # signature key -> reason, for calls already refused
 
 
 def platform() -> str:
-    return jax_device().platform
+    return target.platform()
 
 
 def lacks(func, key, args, kwargs) -> str | None:
     """Why the device cannot run this call (the fallback's reason), or None when it can. Asked
     once per new signature: a refused one is remembered under its key, an accepted one gets a
-    recipe and is never asked about again. The outputs count as much as the inputs: a cast, a
-    factory or `torch.complex` makes complex128 out of none."""
+    recipe and is never asked about again. A Python complex number counts as complex128 (JAX
+    passes it so). The outputs count as much as the inputs: one the device cannot hold at all
+    (device_dtypes.py) raises here, naming the op."""
     why = _REFUSED.get(key)
     if why is not None:
         return why
@@ -68,14 +70,15 @@ def lacks(func, key, args, kwargs) -> str | None:
         return None
     module = LOWERINGS[func].fn.__module__
     limits = [lim for lim in limits if lim.module in (module, "*")]
-    if not limits:
-        return None
-    tensors = [x for x in (*args, *kwargs.values()) if isinstance(x, torch.Tensor)]
+    ins = [x.dtype if isinstance(x, torch.Tensor) else torch.complex128
+           for x in (*args, *kwargs.values()) if isinstance(x, torch.Tensor) or type(x) is complex]
     for limit in limits:
-        for x in tensors:
-            if x.dtype in limit.dtypes:
-                return _refuse(key, x.dtype, where, limit)
+        for dtype in ins:
+            if dtype in limit.dtypes:
+                return _refuse(key, dtype, where, limit)
     outs = _output_dtypes(func, args, kwargs)
+    for dtype in outs:
+        device_dtypes.check(dtype, str(func))
     for limit in limits:
         for dtype in outs:
             if dtype in limit.dtypes:

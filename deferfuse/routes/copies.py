@@ -38,7 +38,7 @@ def route_to_copy(func, args, kwargs):
     host = x.detach()
     if dtype is not None:
         host = host.to(dtype)
-    return from_concrete(host_to_jax(host), host.dtype)
+    return from_concrete(host_to_jax(host, str(func)), host.dtype)
 
 
 def _dense(size, stride) -> bool:
@@ -62,7 +62,7 @@ def route_copy_(func, args, kwargs):
         host = src.detach().to(dst.dtype)
         if tuple(host.shape) != tuple(dst.shape):
             host = host.expand(dst.shape)
-        pending.write_concrete(dst, host_to_jax(host))
+        pending.write_concrete(dst, host_to_jax(host, str(func)))
         return dst
     host = to_host(src, Cause.TO_CPU)
     with torch.utils._python_dispatch._disable_current_modes():

@@ -134,7 +134,7 @@ def run_now(func, args, kwargs):
             if isinstance(o, TpuTensor):
                 if tuple(o.shape) != tuple(n.shape):
                     resize(o, tuple(n.shape))
-                pending.write_concrete(o, host_to_jax(n))
+                pending.write_concrete(o, host_to_jax(n, str(func)))
                 written[id(n)] = o
 
     def back(x):
@@ -143,7 +143,7 @@ def run_now(func, args, kwargs):
                 return _sparse(func, x)
             if id(x) in written:
                 return written[id(x)]
-            return from_concrete(host_to_jax(x), x.dtype)
+            return from_concrete(host_to_jax(x, str(func)), x.dtype)
         if isinstance(x, (list, tuple)):
             return type(x)(back(y) for y in x)
         return x

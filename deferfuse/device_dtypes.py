@@ -32,21 +32,10 @@ EMULATED: dict[str, dict[torch.dtype, str]] = {
 _warned: set = set()
 
 
-def platform() -> str:
-    """The JAX platform of this process's device, read at each call so tests can pretend."""
-    return target.platform()
-
-
-def refusal(dtype: torch.dtype) -> str | None:
-    """Why this device cannot hold `dtype`, or None."""
-    table = REFUSED.get(platform())
-    return table.get(dtype) if table else None
-
-
 def check(dtype: torch.dtype, op: str | None = None) -> None:
     """Raise NotImplementedError (PyTorch's error for what a backend lacks) when a value of `dtype`
     cannot be held here; warn once when it is held emulated."""
-    where = platform()
+    where = target.platform()  # read at each call: tests pretend to be a TPU
     why = REFUSED.get(where, {}).get(dtype)
     name = str(dtype).removeprefix("torch.")
     if why is not None:

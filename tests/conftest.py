@@ -124,7 +124,12 @@ def _clean_engine():
     deferfuse.sync()
 
 
-ON_TPU = deferfuse.target.platform() == "tpu"
+def on_tpu() -> bool:
+    """Whether this process's device is a TPU (asked when a test runs, not at import: that would
+    open the device before a test could configure JAX)."""
+    return deferfuse.target.platform() == "tpu"
+
+
 _NARROW = (torch.float32, torch.complex64)
 
 
@@ -147,7 +152,7 @@ def _tpu_tolerance(request, monkeypatch):
     would (its own, or PyTorch's default for the dtype). Other dtypes, and every other platform,
     compare as written."""
     mark = request.node.get_closest_marker("tpu_tolerance")
-    if mark is None or not ON_TPU:
+    if mark is None or not on_tpu():
         yield
         return
     assert mark.kwargs.get("why"), "a tpu_tolerance says why"
@@ -168,7 +173,7 @@ def _no_complex128_on_a_tpu(request):
     """A TPU cannot hold complex128 (deferfuse/device_dtypes.py): a case parametrized by it has
     nothing to run there; tests/test_device_limits.py checks that such tensors are refused."""
     params = getattr(getattr(request.node, "callspec", None), "params", {})
-    if ON_TPU and any(v is torch.complex128 for v in params.values()):
+    if any(v is torch.complex128 for v in params.values()) and on_tpu():
         pytest.skip("complex128 cannot be held on a TPU (deferfuse/device_dtypes.py)")
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import deferfuse
-from conftest import ON_TPU, check_all_modes
+from conftest import check_all_modes, on_tpu
 from deferfuse import cache, pending
 from deferfuse.routes import fallback
 
@@ -29,7 +29,7 @@ def test_dead_intermediates_are_never_materialised(events):
     assert flush["outputs"] == 1, flush
     assert flush["skipped"] >= 3
     # XLA:TPU's float32 exp near exp(15) is its own approximation: 2.7e-6 relative measured there
-    assert value == pytest.approx(torch.exp(torch.arange(8.0) * 2 + 1).sum().item(), rel=4e-6 if ON_TPU else 1e-6)
+    assert value == pytest.approx(torch.exp(torch.arange(8.0) * 2 + 1).sum().item(), rel=4e-6 if on_tpu() else 1e-6)
 
 
 def test_live_intermediate_becomes_an_output(events):

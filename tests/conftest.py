@@ -37,6 +37,9 @@ pytest_configure = _profile.pytest_configure
 pytest_collection_modifyitems = _profile.pytest_collection_modifyitems
 pytest_report_header = _profile.pytest_report_header
 pytest_runtest_protocol = _profile.pytest_runtest_protocol
+pytest_runtest_makereport = _profile.pytest_runtest_makereport
+pytest_sessionfinish = _profile.pytest_sessionfinish
+pytest_unconfigure = _profile.pytest_unconfigure
 pytest_terminal_summary = _profile.pytest_terminal_summary
 
 MODES = ["strict", "debug", "defer_and_fuse"]

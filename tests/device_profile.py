@@ -25,7 +25,9 @@ docs/testing.md has the timings.
 The profile forces the suites' ci profiles (DEFERFUSE_OPINFO=ci, DEFERFUSE_MODELS=ci, no
 DEFERFUSE_FUZZ*), deselects the rest at collection (reported as deselected, not skipped), refuses
 `-n`, and fails a test that starts a Python process at once, naming the mark it lacks.
-`--device-suites` runs some of the four suites, to split the run into shorter commands. At the
+`--device-suites` runs some of the four suites and `--device-part K/N` a contiguous part of them, to
+split the run into shorter commands; `--device-resume FILE` keeps a journal, so the same command
+run again goes on after a deadline or an abort (XLA:TPU's failed CHECKs kill the process). At the
 end it prints the JAX platform, device kind, float32 matmul precision, commit, wall and CPU time
 and each suite's counts, and writes them with the failing test ids as JSON to
 $DEFERFUSE_PROFILE_JSON if set.
@@ -90,6 +92,10 @@ def pytest_addoption(parser):
     parser.addoption("--device-part", default="1/1", metavar="K/N",
                      help=f"with {OPTION}: the K-th of N contiguous parts of the selection (in collection order, so "
                           "an entry's tests stay together and share compiles), to split one suite over commands")
+    parser.addoption("--device-resume", default=None, metavar="FILE",
+                     help=f"with {OPTION}: a journal of the tests begun and their outcomes; a run with the same "
+                          "journal skips what it holds and counts it, so a run cut short or killed by an abort "
+                          "goes on where it stopped (the test it died in counts as an error)")
 
 
 def _suites(config) -> set[str]:
@@ -128,7 +134,81 @@ def pytest_configure(config):
     for name in UNSET_ENV:
         os.environ.pop(name, None)
     config.stash[_STATE] = {"t0": _T0, "asked": [s for s in SUITE_NAMES if s in asked], "selected": {},
-                           "deselected": {}, "part": f"{k}/{n}"}
+                           "deselected": {}, "part": f"{k}/{n}", "journal": None, "before": {}, "outcomes": {}}
+    path = config.getoption("--device-resume")
+    if path:
+        config.stash[_STATE]["before"] = read_journal(path)
+        journal = config.stash[_STATE]["journal"] = open(path, "a+", buffering=1)  # each line written at once
+        if journal.tell():  # a killed process may have left half a line: the next record starts on its own
+            journal.seek(journal.tell() - 1)
+            if journal.read(1) != "\n":
+                journal.write("\n")
+
+
+def pytest_unconfigure(config):
+    if active(config) and config.stash[_STATE]["journal"] is not None:
+        config.stash[_STATE]["journal"].close()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A resumed run exits as the uncut run would have: failed where its journal holds a failure,
+    and not "no tests collected" where the journal holds them all."""
+    outcomes = session.config.stash[_STATE]["outcomes"] if active(session.config) else None
+    if outcomes and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        bad = any(o in ("failed", "error") for o in outcomes.values())
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED if bad else pytest.ExitCode.OK
+
+
+# --- the journal (--device-resume): what a run cut short or aborted had done ------------------------
+
+
+def read_journal(path: str) -> dict[str, str]:
+    """nodeid -> outcome of every test the journal holds; one begun and never finished is an error
+    (the process died in it: an abort, a kill); one cut by Ctrl-C or `timeout -s INT` runs again."""
+    outcomes: dict[str, str] = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except ValueError:  # the line a killed process was writing
+                    continue
+                if row.get("cut"):
+                    outcomes.pop(row["id"], None)
+                else:
+                    outcomes[row["id"]] = row.get("outcome", "died")
+    except FileNotFoundError:
+        pass
+    return outcomes
+
+
+def _write(config, **row) -> None:
+    journal = config.stash[_STATE]["journal"]
+    if journal is not None:
+        journal.write(json.dumps(row) + "\n")
+
+
+_REPORTS = pytest.StashKey[list]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    if active(item.config):
+        item.stash.setdefault(_REPORTS, []).append(outcome.get_result())
+
+
+def outcome_of(reports) -> str:
+    """What pytest's summary counts for one test, from its setup, call and teardown reports."""
+    for rep in reports:
+        if rep.failed:
+            return "failed" if rep.when == "call" else "error"
+    for rep in reports:
+        if rep.skipped:
+            return "xfailed" if hasattr(rep, "wasxfail") else "skipped"
+        if rep.when == "call" and rep.passed and hasattr(rep, "wasxfail"):
+            return "xpassed"
+    return "passed"
 
 
 def _excluded_reason(item, suites: set[str]) -> str | None:
@@ -180,9 +260,16 @@ def pytest_collection_modifyitems(config, items):
         for item in group:
             suite = suite_of(item.nodeid)
             state[which][suite] = state[which].get(suite, 0) + 1
-    if dropped:
-        config.hook.pytest_deselected(items=dropped)
-        items[:] = kept
+    before = state["before"]  # "--device-resume": counted from the journal, not run again
+    done = [item for item in kept if item.nodeid in before]
+    state["outcomes"] = {item.nodeid: "error" if before[item.nodeid] == "died" else before[item.nodeid]
+                         for item in done}
+    for item in done:
+        if before[item.nodeid] == "died":  # the journal's last word on it is an error now
+            _write(config, id=item.nodeid, outcome="error", died=True)
+    if dropped or done:
+        config.hook.pytest_deselected(items=dropped + done)
+        items[:] = [item for item in kept if item.nodeid not in before]
 
 
 # --- a test that starts a Python process fails at once (it would hang or die on a TPU host) ---------
@@ -222,10 +309,15 @@ def pytest_runtest_protocol(item, nextitem):
         real_init(self, args, *a, **kw)
 
     subprocess.Popen.__init__ = guarded_init
+    _write(item.config, id=item.nodeid)  # begun: a process that dies now leaves this line alone
     try:
-        yield
+        result = yield
     finally:
         subprocess.Popen.__init__ = real_init
+    if result.excinfo is None:
+        _write(item.config, id=item.nodeid, outcome=outcome_of(item.stash.get(_REPORTS, [])))
+    elif issubclass(result.excinfo[0], KeyboardInterrupt):  # cut at a deadline: it runs again
+        _write(item.config, id=item.nodeid, cut=True)
 
 
 # --- the summary ------------------------------------------------------------------------------------------
@@ -275,6 +367,10 @@ def summary(config, stats: dict, exitstatus) -> dict:
             suites[suite_of(nodeid)][outcome] += 1
             if outcome in failing:
                 failing[outcome].append(nodeid)
+    for nodeid, outcome in state.get("outcomes", {}).items():
+        suites[suite_of(nodeid)][outcome] += 1
+        if outcome in failing:
+            failing[outcome].append(nodeid)
     for s in SUITE_NAMES:
         suites[s]["selected"] = state["selected"].get(s, 0)
         suites[s]["deselected"] = state["deselected"].get(s, 0)
@@ -282,7 +378,7 @@ def summary(config, stats: dict, exitstatus) -> dict:
     return {"profile": "device", **_device(), **_commit(), "wall_seconds": round(time.time() - state["t0"], 1),
             "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1),
             "exit_status": int(exitstatus), "suites_asked": state.get("asked", list(SUITE_NAMES)),
-            "part": state.get("part", "1/1"), "suites": suites,
+            "part": state.get("part", "1/1"), "resumed": len(state.get("outcomes", {})), "suites": suites,
             "failed": failing["failed"], "errors": failing["error"]}
 
 
@@ -296,7 +392,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     tr.write_line(f"{s['platform']} ({s['device_kind']}, {s['device_count']} device(s)), float32 matmul precision "
                   f"{s['float32_matmul_precision']}; jax {s['jax']}, torch {s['torch']}, python {s['python']}")
     tr.write_line(f"commit {commit}{' (with uncommitted changes)' if s['dirty'] else ''}; "
-                  f"wall {s['wall_seconds']:.0f}s, CPU {s['cpu_seconds']:.0f}s; part {s['part']}")
+                  f"wall {s['wall_seconds']:.0f}s, CPU {s['cpu_seconds']:.0f}s; part {s['part']}"
+                  + (f"; {s['resumed']} counted from the journal" if s["resumed"] else ""))
     columns = ("selected", *OUTCOMES, "deselected")
     tr.write_line(f"{'suite':8}" + "".join(f"{c:>11}" for c in columns))
     for name, counts in s["suites"].items():

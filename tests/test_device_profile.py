@@ -118,3 +118,33 @@ def test_the_parts_cover_the_selection_once():
     assert sum((kept for kept, _ in parts), []) == items
     assert all(sorted(kept + rest) == items for kept, rest in parts)
     assert P.part_of(items, 1, 1) == (items, [])
+
+
+@pytest.mark.subprocess  # pytest processes of their own
+def test_a_run_goes_on_from_its_journal(tmp_path):
+    """A run that died in a test (an abort on the chip) is started again with its journal: what
+    finished is counted, not rerun; the test it died in is an error; the rest runs."""
+    journal = tmp_path / "journal.jsonl"
+    ids = [f"tests/test_device_profile.py::{name}" for name in (
+        "test_the_guard_knows_a_python_process", "test_the_summary_counts_by_suite", "test_the_parts_cover_the_selection_once")]
+    rows = [{"id": ids[0]}, {"id": ids[0], "outcome": "passed"}, {"id": ids[1]}]
+    journal.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"id": "tests/test_dev')  # cut mid-line
+    for run in (1, 2):  # the second run finds everything in the journal and runs nothing
+        out = _collect(tmp_path, P.OPTION, "--device-suites", "core", "--device-resume", str(journal), *ids)
+        assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]  # the error counts
+        s = json.loads((tmp_path / "summary.json").read_text())
+        core = s["suites"]["core"]
+        assert (core["selected"], core["passed"], core["error"], core["failed"]) == (3, 2, 1, 0), (run, core)
+        assert s["errors"] == [ids[1]] and s["resumed"] == (2 if run == 1 else 3), (run, s)
+        assert "counted from the journal" in out.stdout
+    written = P.read_journal(str(journal))
+    assert written == {ids[0]: "passed", ids[1]: "error", ids[2]: "passed"}, written  # the cut line is no record
+
+
+def test_the_journal_reads_what_finished_died_and_was_cut(tmp_path):
+    rows = [{"id": "a"}, {"id": "a", "outcome": "failed"}, {"id": "b"}, {"id": "c"}, {"id": "c", "cut": True},
+            {"id": "d"}, {"id": "d", "outcome": "xfailed"}]
+    path = tmp_path / "journal.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"id": "e", "outc')
+    assert P.read_journal(str(path)) == {"a": "failed", "b": "died", "d": "xfailed"}
+    assert P.read_journal(str(tmp_path / "none.jsonl")) == {}

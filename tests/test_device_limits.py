@@ -78,6 +78,8 @@ MAKES_COMPLEX128 = {  # (fn of a float64 tensor on the device, the op named)
     "complex": (lambda a: torch.complex(a, a), r"aten\.complex\.default"),
     "cast": (lambda a: a.to(torch.complex128), r"aten\._to_copy\.default"),
     "factory": (lambda a: torch.zeros(3, dtype=torch.complex128, device=a.device), r"aten\.zeros\.default"),
+    "empty": (lambda a: torch.empty(3, dtype=torch.complex128, device=a.device), r"aten\.empty\.memory_format"),
+    "randn": (lambda a: torch.randn(3, dtype=torch.complex128, device=a.device), r"aten\.empty\.memory_format"),
 }
 
 

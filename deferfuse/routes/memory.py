@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import dtypes, tensor
+from .. import device_dtypes, dtypes, tensor
 from ..meta import run_meta, signature
 from ..record import spec_of
 from ..tensor import Storage, TpuTensor, layout_id, new_tensor, offset_of, set_metadata
@@ -22,6 +22,7 @@ def route_uninitialised(func, args, kwargs):
     meta = _UNINIT.get(key)
     if meta is None:
         m = run_meta(func, args, kwargs)
+        device_dtypes.check(m.dtype, str(func))  # complex128 on a TPU: refused before it is made
         meta = _UNINIT[key] = (tuple(m.shape), tuple(m.stride()), m.dtype)
     size, stride, dtype = meta
     phys, perm = tensor.phys_layout(size, stride)

@@ -159,16 +159,20 @@ def _tpu_tolerance(request, monkeypatch):
         yield
         return
     assert mark.kwargs.get("why"), "a tpu_tolerance says why"
-    times, original = mark.kwargs["times"], torch.testing.assert_close
+    monkeypatch.setattr(torch.testing, "assert_close", widened(torch.testing.assert_close, mark.kwargs["times"]))
+    yield
 
-    def widened(actual, expected, *args, rtol=None, atol=None, **kwargs):
+
+def widened(original, times: float):
+    """`original` (torch.testing.assert_close) allowing `times` the tolerance where every floating
+    value compared is float32 or complex64; other comparisons are passed on as written."""
+    def assert_close(actual, expected, *args, rtol=None, atol=None, **kwargs):
         floats = [t.dtype for t in _tensor_leaves(actual) if t.is_floating_point() or t.is_complex()]
         if floats and all(d in _NARROW for d in floats):
             rtol, atol = (1.3e-6 if rtol is None else rtol) * times, (1e-5 if atol is None else atol) * times
         return original(actual, expected, *args, rtol=rtol, atol=atol, **kwargs)
 
-    monkeypatch.setattr(torch.testing, "assert_close", widened)
-    yield
+    return assert_close
 
 
 @pytest.fixture(autouse=True)

@@ -9,9 +9,10 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import device_profile as P
-from conftest import ROOT
+from conftest import ROOT, widened
 
 # a plugin for the collecting process: what was selected and deselected, with each item's markers
 _PROBE = """
@@ -148,3 +149,20 @@ def test_the_journal_reads_what_finished_died_and_was_cut(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"id": "e", "outc')
     assert P.read_journal(str(path)) == {"a": "failed", "b": "died", "d": "xfailed"}
     assert P.read_journal(str(tmp_path / "none.jsonl")) == {}
+
+
+def test_a_tpu_tolerance_widens_float32_alone():
+    """What @pytest.mark.tpu_tolerance does to a test's comparisons on a TPU (conftest.widened)."""
+    loose = widened(torch.testing.assert_close, 4)
+    want = torch.tensor([1.0, 2.0])
+    got = want + 3e-5  # 3 times float32's default 1e-5 absolute
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(got, want)
+    loose(got, want)
+    loose([got, torch.tensor([1, 2])], [want, torch.tensor([1, 2])])  # ints beside: still widened
+    with pytest.raises(AssertionError):
+        loose(got + 1e-4, want)  # 13 times: past 4 times
+    with pytest.raises(AssertionError):  # its own tolerance, times 4: 4e-6 absolute
+        loose(torch.tensor([1.0]) + 1e-5, torch.tensor([1.0]), rtol=0.0, atol=1e-6)
+    with pytest.raises(AssertionError):  # float64 compares as written
+        loose(want.double() + 3e-5, want.double())

@@ -13,7 +13,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from . import cache, dtypes, pending, rng, views
+from . import cache, device_dtypes, dtypes, pending, rng, views
 from .events import METRICS
 from .graph import Op
 from .lowered_op import make_lowered_op
@@ -155,6 +155,8 @@ def make_recipe(func, spec, key, args, kwargs, low=None, host=False, precision=N
     leaves, spec_out = flatten_outputs(meta_out)
     if low is not None and low.meta_fix is not None:
         leaves = low.meta_fix(args, kwargs, leaves)
+    for m in leaves:  # a result the device cannot hold (complex128 on a TPU) is refused before it is recorded
+        device_dtypes.check(m.dtype, str(func))
     outs = _out_info(leaves)
     tmpl = template(spec, args, kwargs)
     n_scalars = sum(1 for _ in _iter_placeholders(tmpl, (Placeholder.SCALAR, Placeholder.CPU_SCALAR)))

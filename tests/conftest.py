@@ -28,6 +28,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import device_profile as _profile  # noqa: E402  (first: its wall time counts importing torch)
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from torch.utils._pytree import tree_leaves  # noqa: E402
 
 import deferfuse
 
@@ -136,17 +137,6 @@ def on_tpu() -> bool:
 _NARROW = (torch.float32, torch.complex64)
 
 
-def _tensor_leaves(x):
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, (list, tuple)):
-        for y in x:
-            yield from _tensor_leaves(y)
-    elif isinstance(x, dict):
-        for y in x.values():
-            yield from _tensor_leaves(y)
-
-
 @pytest.fixture(autouse=True)
 def _tpu_tolerance(request, monkeypatch):
     """`@pytest.mark.tpu_tolerance(times=N, why=...)`: on a TPU, where XLA's float32 transcendental
@@ -167,7 +157,8 @@ def widened(original, times: float):
     """`original` (torch.testing.assert_close) allowing `times` the tolerance where every floating
     value compared is float32 or complex64; other comparisons are passed on as written."""
     def assert_close(actual, expected, *args, rtol=None, atol=None, **kwargs):
-        floats = [t.dtype for t in _tensor_leaves(actual) if t.is_floating_point() or t.is_complex()]
+        floats = [t.dtype for t in tree_leaves(actual)
+                  if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())]
         if floats and all(d in _NARROW for d in floats):
             rtol, atol = (1.3e-6 if rtol is None else rtol) * times, (1e-5 if atol is None else atol) * times
         return original(actual, expected, *args, rtol=rtol, atol=atol, **kwargs)

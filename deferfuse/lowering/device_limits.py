@@ -8,7 +8,7 @@ process compiling complex128 (a Python complex number becomes one). Such a call 
 program, where the whole flush would fail far from the user's line: it takes the CPU fallback
 instead, counted and warned about under a reason that names the dtype and the device, or raises
 NotImplementedError saying the same with DEFERFUSE_NO_CPU_FALLBACK=1. A result the device cannot
-hold at all (complex128 on a TPU) raises, naming the op.
+hold at all (complex128 on a TPU, device_dtypes.py) raises where its recipe is made, naming the op.
 
 The table is per JAX platform and names lowering families by module. What is not listed runs on
 the device; the TPU profile of the suite (docs/testing.md, the OpInfo float64 entries) is what
@@ -20,15 +20,14 @@ from typing import NamedTuple
 
 import torch
 
-from ..meta import flatten_outputs, run_meta
-from .. import device_dtypes, target
+from .. import target
 from . import factorizations, fft, linalg
 from .registry import LOWERINGS
 
 
 class Limit(NamedTuple):
     module: str  # the lowering family, by the module its lowerings live in; "*" for every family
-    dtypes: frozenset  # a call with a tensor of one of these dtypes, in or out, cannot run on the device
+    dtypes: frozenset  # a call with a tensor (or Python number) of one of these dtypes cannot run on the device
     why: str
 
 
@@ -59,8 +58,8 @@ def lacks(func, key, args, kwargs) -> str | None:
     """Why the device cannot run this call (the fallback's reason), or None when it can. Asked
     once per new signature: a refused one is remembered under its key, an accepted one gets a
     recipe and is never asked about again. A Python complex number counts as complex128 (JAX
-    passes it so). The outputs count as much as the inputs: one the device cannot hold at all
-    (device_dtypes.py) raises here, naming the op."""
+    passes it so). An output the device cannot hold at all (device_dtypes.py) is refused where its
+    recipe is made (record.make_recipe), naming the op."""
     why = _REFUSED.get(key)
     if why is not None:
         return why
@@ -75,28 +74,9 @@ def lacks(func, key, args, kwargs) -> str | None:
     for limit in limits:
         for dtype in ins:
             if dtype in limit.dtypes:
-                return _refuse(key, dtype, where, limit)
-    outs = _output_dtypes(func, args, kwargs)
-    for dtype in outs:
-        device_dtypes.check(dtype, str(func))
-    for limit in limits:
-        for dtype in outs:
-            if dtype in limit.dtypes:
-                return _refuse(key, dtype, where, limit)
+                why = _REFUSED[key] = f"{str(dtype).removeprefix('torch.')} on a {where} device: {limit.why}"
+                return why
     return None
-
-
-def _refuse(key, dtype, where, limit) -> str:
-    why = _REFUSED[key] = f"{str(dtype).removeprefix('torch.')} on a {where} device: {limit.why}"
-    return why
-
-
-def _output_dtypes(func, args, kwargs) -> list:
-    try:
-        out = run_meta(func, args, kwargs)
-    except Exception:  # noqa: BLE001 - a call CPU refuses is refused where its recipe is made
-        return []
-    return [x.dtype for x in flatten_outputs(out)[0]]
 
 
 def forget() -> None:

@@ -89,7 +89,6 @@ class Captured:
         if single.compiled != variants:  # the first replay compiled the donating variant
             METRICS.cache_misses += 1
             METRICS.compile_seconds += time.perf_counter() - t0
-        pending.track_inflight(values)  # deferfuse.sync() waits for replays like any program
         return self.result
 
     def _replaces(self, handed) -> dict[int, int]:

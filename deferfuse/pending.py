@@ -18,6 +18,7 @@ from .config import CONFIG
 from .dtypes import to_jax_dtype
 from .events import METRICS
 from .graph import OUT_BITS, Graph, Op, PeriodDetector
+from .target import jax_device
 from .tensor import LAYOUTS, Storage, TpuTensor
 
 
@@ -253,7 +254,6 @@ def _flush(cause: str, where=None) -> list:
             raise AssertionError("unreachable")
         for s in live:
             s.value = results[refs[s.ref]]
-        track_inflight(results)
         if g.sources is not None:
             PENDING.captured = (g, out_refs, [(s, refs[s.ref]) for s in live], plan)
         n = len(g.nodes)
@@ -381,26 +381,6 @@ def _flush_error_like(kind: type) -> type:
     return t
 
 
-# Weak references to the outputs of programs dispatched since the last full sync. JAX runs
-# them asynchronously; `deferfuse.sync()` (torch.tpu.synchronize) must wait for all of them, as
-# torch.cuda.synchronize waits for the whole stream, not only for what its own flush produced.
-_INFLIGHT: list = []
-_PRUNE_AT = [8192]  # dead references are dropped when the list reaches this; it doubles past live ones
-_weak = weakref.ref
-
-
-def track_inflight(arrays) -> None:
-    inflight = _INFLIGHT
-    for a in arrays:
-        try:
-            inflight.append(_weak(a))
-        except TypeError:  # not an array (a host value): nothing to wait for
-            pass
-    if len(inflight) >= _PRUNE_AT[0]:
-        inflight[:] = [w for w in inflight if w() is not None]
-        _PRUNE_AT[0] = max(8192, 2 * len(inflight))
-
-
 def block(storages, everything: bool = False) -> None:
     """Wait for these storages' values; with `everything`, for all dispatched programs too."""
     t0 = time.perf_counter()
@@ -409,10 +389,13 @@ def block(storages, everything: bool = False) -> None:
         if isinstance(v, jax.Array):
             v.block_until_ready()
     if everything:
-        pending, _INFLIGHT[:] = list(_INFLIGHT), []
-        for w in pending:
-            a = w()
-            if a is not None and not a.is_deleted():  # donated: a later program consumed it
+        # as torch.cuda.synchronize waits for the whole stream, not only for what its own flush
+        # produced: every array alive on the device's client (JAX runs programs asynchronously).
+        # The client keeps that list itself; a reference per program output, kept here until
+        # the next sync, would be an object per output for Python's GC to promote through the
+        # steps of a loop that never syncs, and set off full collections of the process.
+        for a in jax_device().client.live_arrays():
+            if not a.is_deleted():  # donated: a later program consumed it
                 a.block_until_ready()
     METRICS.sync_wait_seconds += time.perf_counter() - t0
 

@@ -318,7 +318,6 @@ class Replay:
             METRICS.cache_misses += 1
             METRICS.compile_seconds += time.perf_counter() - t0
         METRICS.execute_calls += 1
-        pending.track_inflight(values)  # deferfuse.sync() waits for replays like any program
         return values
 
     def _call_scalars(self) -> list:

@@ -189,3 +189,23 @@ def test_gpt2_small_runs_on_a_cpu_only_when_selected_alone():
     assert big not in workloads.selected(["gpt"], "cpu")
     assert workloads.selected(["gpt2"], "cpu") == [big]
     assert big in workloads.selected([], "tpu") and big in workloads.selected(["gpt"], "tpu")
+
+
+def test_host_floor_serves_every_op_of_a_step_from_its_trace():
+    """bench/host_floor.py: the replay floor serves each top-level op of the gpt host step from
+    the trace of one recorded step, and refuses a step that differs from it."""
+    import host_floor
+
+    res = host_floor.measure(reps=1, steps=2)
+    assert set(res["times"]) == set(host_floor.ENGINES)
+    assert all(len(v) == 1 and v[0] > 0 for v in res["times"].values())
+    assert res["ops"] > 100  # the step's top-level ops: forward, backward and AdamW's foreach calls
+    assert "| CPU eager |" in host_floor.render(res)
+    server = host_floor.TraceServer()
+    server.trace = [(torch.ops.aten.mul.Tensor, [], None)]
+    server.use(server.serve)
+    try:
+        with pytest.raises(AssertionError, match="the step changed"):
+            torch.ones(2).to("tpu") + 1
+    finally:
+        server.use(server.real)

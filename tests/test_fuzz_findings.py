@@ -372,8 +372,9 @@ def test_copy_from_a_partially_overlapping_view_still_raises_like_cpu(mode):
         a.view(1, 1).copy_(a.view(()))
 
 
-@pytest.mark.tpu_tolerance(times=10, why="xlogy's XLA:TPU float32 log, measured at 8 times per element "
-                                         "(docs/testing.md); this test checks layouts")
+@pytest.mark.tpu_tolerance(times=24, why="xlogy's XLA:TPU float32 log, measured at 8 times per element "
+                                         "(docs/testing.md); on the chip at 1b49775, 2.5e-4 absolute on 5.38, "
+                                         "15.9 times. This test checks layouts")
 def test_copysign_and_xlogy_lay_out_their_result_like_cpu():
     """Seed 20052: their meta kernels took the second operand's layout, CPU the first's."""
     a_cpu, b_cpu = torch.arange(1.0, 7.0).reshape(2, 3), torch.arange(2.0, 8.0).reshape(3, 2).t()

@@ -10,8 +10,9 @@ from deferfuse.config import CONFIG
 from conftest import MODES, check_all_modes, check_raises_like_cpu
 
 
-@pytest.mark.tpu_tolerance(times=4, why="log_softmax on XLA:TPU (2.7 times per element, docs/testing.md): 2.7e-5 "
-                                        "absolute measured, 2.4 times")
+@pytest.mark.tpu_tolerance(times=8, why="log_softmax on XLA:TPU (2.7 times per element, docs/testing.md): 2.7e-5 "
+                                        "absolute measured, 2.4 times; weighted, ignoring a target, 8.2e-5 on "
+                                        "4.675 at 1b49775, 5.1 times")
 @pytest.mark.parametrize("targets", [[-100, -100], [1, -100], [0, 2]])
 @pytest.mark.parametrize("weighted", [False, True])
 def test_nll_and_cross_entropy_with_ignored_targets(targets, weighted, monkeypatch):

@@ -29,3 +29,23 @@ def test_markdown_renders(tmp_path):
     assert coverage.main(["--markdown", str(out)]) == 0
     text = out.read_text()
     assert "Core ATen" in text and "`aten.add.Tensor`" in text
+
+
+def test_device_results_get_a_section_naming_what_passes_only_on_cpu(tmp_path):
+    import json
+
+    cpu = {"add|function|float32|strict": "pass", "exp|function|float32|strict": "pass",
+           "exp|function|bfloat16|defer_and_fuse": "pass"}
+    tpu = {"add|function|float32|strict": "pass", "exp|function|float32|strict": "fail: mismatch",
+           "exp|function|bfloat16|defer_and_fuse": "pass"}
+    (tmp_path / "cpu.main.json").write_text(json.dumps(cpu))
+    (tmp_path / "tpu.main.json").write_text(json.dumps(tpu))
+    out = tmp_path / "ops.md"
+    assert coverage.main(["--markdown", str(out), "--results", str(tmp_path / "cpu.*.json"),
+                          "--device-results", str(tmp_path / "tpu.*.json"),
+                          "--device-label", "TPU v5e, commit abc1234"]) == 0
+    text = out.read_text()
+    section = text[text.index("## OpInfo on TPU v5e, commit abc1234"):]
+    assert "| strict | 1/2 (50.0 %) |" in section
+    assert "Results that pass on CPU and not on the device: 1." in section
+    assert "| `exp` | function/float32/strict | fail: mismatch |" in section

@@ -136,7 +136,7 @@ def load_xfails(paths) -> dict[str, str]:
 
 
 def _mode_table(t: dict) -> list[str]:
-    cols = ["float32", "float64", "bfloat16", "int64", "bool", "backward"]
+    cols = ["float32", "float64", "bfloat16", "int64", "bool", "complex64", "backward"]
     lines = ["| mode | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
     for mode in ("all three modes", "defer_and_fuse", "strict", "debug"):
         if mode not in t:

@@ -66,6 +66,7 @@ HANDLERS = {
     aten.index_put.default: data_dependent.route_index_put,
     aten.index_put_.default: data_dependent.route_index_put,
     aten._unsafe_index_put.default: data_dependent.route_index_put,
+    **{f: data_dependent.route_tensor_ends for f in data_dependent.TENSOR_ENDS},
 }
 
 

@@ -24,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 MODES = ("strict", "debug", "defer_and_fuse")
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "int64": torch.int64,
-          "bool": torch.bool}
+          "bool": torch.bool, "complex64": torch.complex64}
 
 # Ops whose values are random: compared on shape, dtype and determinism under manual_seed.
 RANDOM_OPS = {

@@ -297,6 +297,27 @@ def test_assert_async_checks_its_condition(mode):
         torch._assert_async(torch.tensor(True).to("tpu") & True, "fine")
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_linspace_and_logspace_read_tensor_ends_as_cpu_does(mode):
+    """PyTorch's kernel reads 0-dim tensor ends with item() and makes the result where the call
+    says: tpu ends with a CPU result, CPU ends with a tpu result, a pending end (a sync point),
+    and CPU's error for an end that is not 0-dim. Recording its decomposition mixed the tpu ends
+    into a CPU computation and raised a device mismatch."""
+    for fn in (torch.linspace, torch.logspace):
+        want = fn(torch.tensor(1.0), torch.tensor(3.0), 5)
+        with deferfuse.mode(mode):
+            ends = torch.tensor(1.0).to("tpu"), torch.tensor(1.5).to("tpu") * 2
+            on_cpu = fn(*ends, 5)
+            on_tpu = fn(torch.tensor(1.0), 3.0, 5, device="tpu")
+            out = torch.empty(5, device="tpu")
+            fn(1.0, ends[1], 5, out=out)
+            assert on_cpu.device.type == "cpu" and on_tpu.device.type == "tpu"
+            for got in (on_cpu, on_tpu, out):
+                torch.testing.assert_close(got.cpu(), want)
+        check_raises_like_cpu(lambda d, fn=fn: fn(torch.tensor([1.0]).to(d), torch.tensor(2.0), 3), mode)
+        check_raises_like_cpu(lambda d, fn=fn: fn(1.0, torch.tensor([2.0, 3.0]).to(d), 3), mode)
+
+
 def test_torch_accelerator_synchronize_flushes_and_waits(events):
     """torch.accelerator.synchronize() raised 'Backend doesn't support synchronizing all
     streams'; with tpu the current accelerator, it is torch.tpu.synchronize()."""

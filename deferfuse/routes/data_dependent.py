@@ -40,6 +40,27 @@ def route_equal(func, args, kwargs):
     return bool(_with_bool_cause(lambda: (a == b).all().item()))
 
 
+def route_tensor_ends(func, args, kwargs):
+    """linspace and logspace with tensor ends: PyTorch's kernel reads each 0-dim end with `item()`
+    and calls the overload that takes numbers (RangeFactories.cpp), so the ends may be on any
+    device and the result goes where the call says (the CPU by default). Here too: each read of a
+    tpu end is a sync point, as it is on CUDA. Recording PyTorch's decomposition instead mixed the
+    tpu ends into a CPU computation."""
+    name = func.__name__.split(".")[0]
+    start, end = args[0], args[1]
+    dims = [(which, t.dim()) for which, t in (("start", start), ("end", end)) if isinstance(t, torch.Tensor)]
+    if any(d for _, d in dims):
+        raise RuntimeError(f"{name} only supports 0-dimensional start and end tensors, but got "
+                           + " and ".join(f"{which} with {d} dimension(s)" for which, d in dims) + ".")
+    start, end = (t.item() if isinstance(t, torch.Tensor) else t for t in (start, end))
+    numbers = getattr(aten, name).out if "out" in kwargs else getattr(aten, name).default
+    return numbers(start, end, *args[2:], **kwargs)
+
+
+TENSOR_ENDS = tuple(getattr(getattr(aten, name), f"{ends}{out}") for name in ("linspace", "logspace")
+                    for ends in ("Tensor_Tensor", "Tensor_Scalar", "Scalar_Tensor") for out in ("", "_out"))
+
+
 def _with_bool_cause(fn):
     return tensor._with_cause(Cause.BOOL, fn)
 

@@ -182,6 +182,23 @@ def read_journal(path: str) -> dict[str, str]:
     return outcomes
 
 
+def costs(path: str) -> list[tuple[str, float, int]]:
+    """(test file, seconds, tests) from a journal's finished tests, the dearest first: where a
+    profile that outgrows a session's device time can be trimmed."""
+    per: dict[str, list] = {}
+    with open(path) as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if "seconds" in row:
+                cost = per.setdefault(row["id"].split("::")[0], [0.0, 0])
+                cost[0] += row["seconds"]
+                cost[1] += 1
+    return sorted(((k, round(s, 3), n) for k, (s, n) in per.items()), key=lambda r: -r[1])
+
+
 def _write(config, **row) -> None:
     journal = config.stash[_STATE]["journal"]
     if journal is not None:
@@ -310,12 +327,15 @@ def pytest_runtest_protocol(item, nextitem):
 
     subprocess.Popen.__init__ = guarded_init
     _write(item.config, id=item.nodeid)  # begun: a process that dies now leaves this line alone
+    t0 = time.perf_counter()
     try:
         result = yield
     finally:
         subprocess.Popen.__init__ = real_init
     if result.excinfo is None:
-        _write(item.config, id=item.nodeid, outcome=outcome_of(item.stash.get(_REPORTS, [])))
+        # with its seconds, which on a chip are mostly compiles: `costs` sums them per file
+        _write(item.config, id=item.nodeid, outcome=outcome_of(item.stash.get(_REPORTS, [])),
+               seconds=round(time.perf_counter() - t0, 3))
     elif issubclass(result.excinfo[0], KeyboardInterrupt):  # cut at a deadline: it runs again
         _write(item.config, id=item.nodeid, cut=True)
 
@@ -408,3 +428,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         with open(path, "w") as f:
             json.dump(s, f, indent=1)
         tr.write_line(f"written to {path}")
+
+
+if __name__ == "__main__":  # python tests/device_profile.py JOURNAL: seconds per test file
+    for name, seconds, n in costs(sys.argv[1]):
+        print(f"{seconds:9.1f} s  {n:5d} tests  {name}")

@@ -140,6 +140,7 @@ def test_a_run_goes_on_from_its_journal(tmp_path):
         assert "counted from the journal" in out.stdout
     written = P.read_journal(str(journal))
     assert written == {ids[0]: "passed", ids[1]: "error", ids[2]: "passed"}, written  # the cut line is no record
+    assert [(name, n) for name, _, n in P.costs(str(journal))] == [("tests/test_device_profile.py", 1)]  # ids[2]'s
 
 
 def test_the_journal_reads_what_finished_died_and_was_cut(tmp_path):
@@ -166,3 +167,12 @@ def test_a_tpu_tolerance_widens_float32_alone():
         loose(torch.tensor([1.0]) + 1e-5, torch.tensor([1.0]), rtol=0.0, atol=1e-6)
     with pytest.raises(AssertionError):  # float64 compares as written
         loose(want.double() + 3e-5, want.double())
+
+
+def test_the_journal_keeps_each_tests_seconds_for_costs_per_file(tmp_path):
+    path = tmp_path / "journal.jsonl"
+    rows = [{"id": "tests/test_a.py::t1"}, {"id": "tests/test_a.py::t1", "outcome": "passed", "seconds": 1.5},
+            {"id": "tests/test_b.py::t[x]", "outcome": "failed", "seconds": 4.0},
+            {"id": "tests/test_a.py::t2", "outcome": "passed", "seconds": 0.25}, {"id": "tests/test_c.py::t3"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert P.costs(str(path)) == [("tests/test_b.py", 4.0, 1), ("tests/test_a.py", 1.75, 2)]

@@ -105,7 +105,15 @@ ENGINES = ("cpu", "defer", "floor", "compiled")
 def measure(reps: int, steps: int) -> dict:
     """Thread CPU ms per step of each engine, per repetition; DeferAndFuse's flush per step (wall
     ms, deferfuse's own metric); how many ops the floor served per step."""
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    try:
+        return _measure(reps, steps)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _measure(reps: int, steps: int) -> dict:
     make = workloads.WORKLOADS[HOST]
     cpu, defer, compiled = make("cpu"), make("defer_and_fuse"), make("compiled")
     for r in (cpu, defer, compiled):

@@ -1,7 +1,8 @@
 """Ops whose result depends on tensor values in a way the graph cannot defer: output shapes set
-by data (`nonzero`, `masked_select`, boolean-mask indexing), and host-checked conditions
-(`_assert_async`, `equal`). Each is a sync point: it flushes with cause `data_dependent` (or
-`assert`, `bool`) and the user's source line, then runs at once.
+by data (`nonzero`, `masked_select`, boolean-mask indexing), host-checked conditions
+(`_assert_async`, `equal`), and numbers PyTorch reads from tensors (`linspace`'s and
+`logspace`'s tensor ends). Each is a sync point: it flushes with cause `data_dependent` (or
+`assert`, `bool`, `item`) and the user's source line, then runs at once.
 """
 from __future__ import annotations
 

@@ -245,10 +245,17 @@ class Graph:
     def add(self, op: Op, inputs: tuple, scalars, where) -> int:
         idx = len(self.nodes)
         lo = len(self.scalars)
-        if scalars:
-            self.scalars.extend(scalars)
-        self.nodes.append(_new_node(Node, (op, inputs, lo, where)))
-        self.sig.append((op.id, inputs))
+        try:
+            if scalars:
+                self.scalars.extend(scalars)
+            self.nodes.append(_new_node(Node, (op, inputs, lo, where)))
+            self.sig.append((op.id, inputs))
+        except BaseException:
+            # a MemoryError between the appends (signal handlers wait while an op records) must
+            # not leave a node without its key entry: the next flush's key would name another
+            # program. The graph goes back to what it was; the op raises at the user's line.
+            del self.scalars[lo:], self.nodes[idx:], self.sig[idx:]
+            raise
         return idx << OUT_BITS
 
     def track(self, storage) -> None:

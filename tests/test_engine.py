@@ -14,6 +14,7 @@ import torch
 import deferfuse
 from conftest import check_all_modes, on_tpu
 from deferfuse import cache, pending
+from deferfuse.graph import Graph, Op
 from deferfuse.routes import fallback
 
 
@@ -340,6 +341,22 @@ def test_a_loop_that_never_syncs_accumulates_no_objects():
             gc.enable()
         deferfuse.sync()
     assert grew < 30, f"{grew} more objects after 30 more steps"
+
+
+def test_a_memory_error_while_adding_a_node_leaves_the_graph_as_it_was():
+    """A node and its key entry are added together or not at all: a node without its entry in the
+    key would make the flush's key name another program."""
+    class FullList(list):
+        def append(self, item):
+            raise MemoryError
+
+    op = Op(("test", "add"), "test_add", lambda ins, scs: ins, [((2,), np.float32)], 1)
+    g = Graph()
+    g.add(op, (-1,), [0.5], None)
+    g.sig = FullList(g.sig)
+    with pytest.raises(MemoryError):
+        g.add(op, (0,), [2.0], None)
+    assert (len(g.nodes), len(g.sig), g.scalars) == (1, 1, [0.5])
 
 
 _FAILING_FALLBACKS = {

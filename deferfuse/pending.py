@@ -395,7 +395,7 @@ def block(storages, everything: bool = False) -> None:
         # the next sync, would be an object per output for Python's GC to promote through the
         # steps of a loop that never syncs, and set off full collections of the process.
         for a in jax_device().client.live_arrays():
-            if not a.is_deleted():  # donated: a later program consumed it
+            if not a.is_deleted():  # the client lists none that a program consumed; this keeps it so
                 a.block_until_ready()
     METRICS.sync_wait_seconds += time.perf_counter() - t0
 

@@ -162,23 +162,28 @@ def pytest_sessionfinish(session, exitstatus):
 # --- the journal (--device-resume): what a run cut short or aborted had done ------------------------
 
 
-def read_journal(path: str) -> dict[str, str]:
-    """nodeid -> outcome of every test the journal holds; one begun and never finished is an error
-    (the process died in it: an abort, a kill); one cut by Ctrl-C or `timeout -s INT` runs again."""
-    outcomes: dict[str, str] = {}
+def _rows(path: str):
+    """The journal's records, in order; none if there is no journal yet."""
     try:
         with open(path) as f:
             for line in f:
                 try:
-                    row = json.loads(line)
+                    yield json.loads(line)
                 except ValueError:  # the line a killed process was writing
                     continue
-                if row.get("cut"):
-                    outcomes.pop(row["id"], None)
-                else:
-                    outcomes[row["id"]] = row.get("outcome", "died")
     except FileNotFoundError:
-        pass
+        return
+
+
+def read_journal(path: str) -> dict[str, str]:
+    """nodeid -> outcome of every test the journal holds; one begun and never finished is an error
+    (the process died in it: an abort, a kill); one cut by Ctrl-C or `timeout -s INT` runs again."""
+    outcomes: dict[str, str] = {}
+    for row in _rows(path):
+        if row.get("cut"):
+            outcomes.pop(row["id"], None)
+        else:
+            outcomes[row["id"]] = row.get("outcome", "died")
     return outcomes
 
 
@@ -186,16 +191,11 @@ def costs(path: str) -> list[tuple[str, float, int]]:
     """(test file, seconds, tests) from a journal's finished tests, the dearest first: where a
     profile that outgrows a session's device time can be trimmed."""
     per: dict[str, list] = {}
-    with open(path) as f:
-        for line in f:
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if "seconds" in row:
-                cost = per.setdefault(row["id"].split("::")[0], [0.0, 0])
-                cost[0] += row["seconds"]
-                cost[1] += 1
+    for row in _rows(path):
+        if "seconds" in row:
+            cost = per.setdefault(row["id"].split("::")[0], [0.0, 0])
+            cost[0] += row["seconds"]
+            cost[1] += 1
     return sorted(((k, round(s, 3), n) for k, (s, n) in per.items()), key=lambda r: -r[1])
 
 

@@ -120,7 +120,8 @@ def _run_expecting(key: str, reason: str | None, body) -> None:
         if reason is None and S.unheld_on_this_device(e):
             reason = "a complex128 result: a TPU cannot hold complex128 (deferfuse/device_dtypes.py)"
         # with why, for docs/ops.md's list of what passes on CPU and not on a device
-        RESULTS[key] = f"xfail: {reason}" if reason else f"fail: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+        first = str(e).splitlines()[0][:160] if str(e) else ""
+        RESULTS[key] = f"xfail: {reason}" if reason else f"fail: {type(e).__name__}: {first}"
         if reason:
             pytest.xfail(reason)
         raise AssertionError(f"{key}: {type(e).__name__}: {e}") from e

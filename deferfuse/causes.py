@@ -38,6 +38,7 @@ class Cause(str, Enum):
     REPEATED_OP = "repeated_op_heuristic"
     SIZE_CAP = "size_cap"
     OPTIMIZER_STEP = "optimizer_step"  # a training step ends where its optimizer's step() returns
+    OPTIMIZER_STATE = "optimizer_state"  # the state an optimizer's first step creates, made apart
 
     __str__ = str.__str__
     __format__ = str.__format__

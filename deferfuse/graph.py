@@ -261,6 +261,29 @@ class Graph:
     def track(self, storage) -> None:
         self.storages.append(weakref.ref(storage))
 
+    def mark(self) -> tuple:
+        """Where the graph stands now, for `roll_back`."""
+        return len(self.nodes), len(self.scalars), len(self.storages), len(self.inputs)
+
+    def roll_back(self, at: tuple, error: Exception) -> bool:
+        """Forget what was recorded since `mark` gave `at` (an expansion, about to be recorded
+        again as its one kept node): nodes no earlier value depends on. A storage made since that
+        still holds one of their values raises `error` if read. False, and nothing changed, where
+        an input was registered since (an earlier value may read it)."""
+        n0, s0, t0, i0 = at
+        if len(self.inputs) != i0:
+            return False
+        lo = n0 << OUT_BITS
+        for w in self.storages[t0:]:
+            s = w()
+            if s is not None and s.graph is self and s.ref >= lo:
+                s.graph = None
+                s.error = error
+        del self.nodes[n0:], self.sig[n0:], self.scalars[s0:], self.storages[t0:]
+        for k in [k for k, r in self.reads.items() if r >= lo]:
+            del self.reads[k]
+        return True
+
 
 def node_of(ref: int) -> int:
     return ref >> OUT_BITS

@@ -13,7 +13,7 @@ import warnings
 from typing import NamedTuple
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
 from .causes import Cause
@@ -223,8 +223,16 @@ def register() -> None:
     rng.install_generator()
     patches.apply()
     torch.serialization.register_package(5, lambda obj: None, _load_onto_tpu)
+    register_optimizer_step_pre_hook(_before_optimizer_step)
     register_optimizer_step_post_hook(_after_optimizer_step)
     _registered = True
+
+
+def _before_optimizer_step(optimizer, args, kwargs) -> None:
+    """A training step begins: DeferAndFuse makes the optimizer's new state apart."""
+    if torch.compiler.is_compiling():
+        return
+    current().before_optimizer_step()
 
 
 def _after_optimizer_step(optimizer, args, kwargs) -> None:

@@ -107,18 +107,20 @@ def test_no_recompiles_after_step_3_with_item_every_5_steps():
 
 def test_a_training_loop_is_cut_at_each_optimizer_step():
     """Each step is one flush, cut where the optimizer's step() ended (before the next step's
-    first op): the first step, which creates the optimizer's state, is one program and every
-    later step the same second one; nothing compiles after that, no partial step is left to
+    first op), and every step is the same program, the first included: its new optimizer state
+    is a small program of its own, run inside the first step, and its first calls of decomposed
+    ops record what the later calls do. Nothing compiles after that, no partial step is left to
     flush on its own, and the period detector never cuts a step elsewhere."""
     deferfuse.cache.clear()  # count every program this loop needs, not what earlier tests left
     per_step = _gpt_loop(12, item_every=None)
     misses = [m for m, _, _ in per_step]
     pending = [p for _, p, _ in per_step]
-    # a step's cut runs at the next step's first op: step 0's program then, step 1's after
-    assert misses == [0, 1] + [2] * (len(misses) - 2), misses
+    # the state's program inside step 0; a step's cut runs at the next step's first op: step 0's
+    # program then, which every later step shares
+    assert misses == [1] + [2] * (len(misses) - 1), misses
     # what stays pending after a step is that whole step, and the same every step
     assert pending[1:] == [pending[1]] * (len(pending) - 1) and pending[1] > 0, pending
-    assert per_step[-1][2] == {"optimizer_step": len(per_step) - 1}, per_step[-1][2]
+    assert per_step[-1][2] == {"optimizer_step": len(per_step) - 1, "optimizer_state": 1}, per_step[-1][2]
 
 
 def test_loop_without_item_stays_bounded_and_stops_compiling():

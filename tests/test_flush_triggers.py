@@ -259,15 +259,16 @@ def test_optimizer_update_of_repeated_layers_shares_programs(fused):
     for a, b in zip(cpu.parameters(), tpu.parameters()):
         torch.testing.assert_close(b.cpu(), a)
     assert lanes.chunks(list(tpu.parameters())) == [(k, k + 2) for k in range(0, 2 * layers, 2)]
-    # per plan of this test (the first step, which creates the optimizer state, and the later ones)
+    # per plan of this test: one, the first step's too (its new optimizer state is made apart,
+    # executors/optimizer_state.py), so the step's lanes are one plan's
     lanes_of = [[s for s in p.steps if s.group.why == "repeated lanes"] for k, p in cache._PLANS.items()
                 if k not in known]
     if fused:  # the step counters' _foreach_add_ and the kernel, each split per layer (unsplit: 2)
         assert recorded == 2 * layers, recorded
         assert 2 < fuser.MIN_LANE_NODES and not any(lanes_of)
     else:  # a program per layer, one jitted program for all of a plan's layers
-        assert [len(g) for g in lanes_of if g] == [layers, layers]
-        assert all(len({id(s.fn.fn) for s in g}) == 1 for g in lanes_of)
+        assert [len(g) for g in lanes_of if g] == [layers]
+        assert all(len({id(s.fn.fn) for s in g}) == 1 for g in lanes_of if g)
 
 
 def test_backward_ops_are_attributed_to_each_backward_call(events, monkeypatch):

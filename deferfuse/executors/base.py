@@ -6,7 +6,8 @@ the pending graph is flushed and what is checked around it:
 - `before_op(func, args, kwargs)`: called for each top-level op before it is recorded.
 - `after_op(func, out)`: called when a top-level op has returned `out`.
 - `on_exit()`: called when a `with deferfuse.mode(...)` block of this kind ends.
-- `after_optimizer_step()`: called when any `torch.optim.Optimizer.step()` returns.
+- `before_optimizer_step()` / `after_optimizer_step()`: called when any
+  `torch.optim.Optimizer.step()` begins / returns.
 """
 from __future__ import annotations
 
@@ -35,6 +36,9 @@ class Executor:
         pass
 
     def on_exit(self) -> None:
+        pass
+
+    def before_optimizer_step(self) -> None:
         pass
 
     def after_optimizer_step(self) -> None:

@@ -17,21 +17,24 @@ pending graph in code that never syncs:
 
 A training loop is also cut where its optimizer's `step()` returns (just before the op that
 follows it): that is where one step ends, whatever ran before it (gradient accumulation,
-clipping, several losses). The first step, which creates the optimizer's state, is then one
-program and every later step another, the same one: two whole-step programs in all. Left to the period detector, a loop is cut once the stream has
-repeated, at a phase set by wherever the repetition began (in the middle of the optimizer's
-update, after a first step longer than the rest), so the first cut takes two or more steps in one
-program of its own and leaving the loop flushes a partial step as another: four programs to
-compile before steady state, each seconds to minutes on a TPU. The cut restarts the period
-detector, so it never cuts the same steps at another phase.
+clipping, several losses). Every step is then the same program, the first included: the state
+its optimizer creates is made apart (optimizer_state.py), and the first call of a decomposed op
+records what its later calls do (routes/expansion.py). Left to the period detector, a loop is
+cut once the stream has repeated, at a phase set by wherever the repetition began (in the middle
+of the optimizer's update, after a first step longer than the rest), so the first cut takes two
+or more steps in one program of its own and leaving the loop flushes a partial step as another:
+four programs to compile before steady state, each seconds to minutes on a TPU. The cut restarts
+the period detector, so it never cuts the same steps at another phase.
 """
 from __future__ import annotations
 
 from ..causes import Cause
 from .. import pending, sources
 from ..config import CONFIG
+from ..lowering.registry import LOWERINGS
 from . import data_checks
 from .base import EagerMode, Executor
+from .optimizer_state import FreshState
 
 _PENDING = pending.PENDING
 
@@ -40,11 +43,17 @@ class DeferredExecutor(Executor):
     kind = EagerMode.DEFER_AND_FUSE
     checks_before = CONFIG.debug_checks  # TORCH_TPU_ENABLE_DEBUG_CHECKS=1: Debug's data checks too
 
+    def __init__(self):
+        self.fresh = FreshState()  # an optimizer's new state, run apart (optimizer_state.py)
+
     def before_op(self, func, args, kwargs) -> None:
         stream = _PENDING
+        fresh = self.fresh
+        if fresh.storages and getattr(LOWERINGS.get(func), "family", None) != "creation":
+            fresh.run(stream)  # the op may read them: they are made first, as every later step has them
         if stream.cut_due is not None:  # the first op after an optimizer step (see the docstring)
             pending.flush(Cause.OPTIMIZER_STEP, stream.cut_due)
-        self.checks_before = CONFIG.debug_checks
+        self.checks_before = CONFIG.debug_checks or fresh.in_step > 0
         if CONFIG.debug_checks:
             data_checks.check(func, args, kwargs)
 
@@ -65,6 +74,8 @@ class DeferredExecutor(Executor):
             # nodes it added: the first iteration after a flush records again the view reads the
             # previous iterations shared, and must not break the period.
             self._cut(n, (func._df.fid << 32) ^ nodes[-1].op.shape_hash, added)
+            if self.fresh.in_step and added == 1:
+                self.fresh.note(stream, out)
 
     def after_graph(self, op_id: int, weight: int) -> None:
         """After a compiled graph's call recorded as one node (compiler/graphs.py): it weighs as
@@ -94,7 +105,13 @@ class DeferredExecutor(Executor):
             pending.flush(Cause.SIZE_CAP, stream.where)
 
     def on_exit(self) -> None:
+        self.fresh.in_step = 0  # a step that raised never reported its end
         pending.flush(Cause.MODE_EXIT, sources.user_frame(3))
+
+    def before_optimizer_step(self) -> None:
+        """The step's new state is made apart (optimizer_state.py): each op in it is looked at."""
+        self.fresh.in_step += 1
+        self.checks_before = True
 
     def after_optimizer_step(self) -> None:
         """Cut before the next op rather than now: `zero_grad()` has then dropped the gradients,
@@ -102,6 +119,10 @@ class DeferredExecutor(Executor):
         buffer more to hand back each call). The next op comes here first (`checks_before`), at
         no cost to the ops that follow; a sync point before it flushes the same graph anyway."""
         stream = _PENDING
+        fresh = self.fresh
+        fresh.in_step = max(fresh.in_step - 1, 0)
+        if fresh.storages and not fresh.in_step:
+            fresh.run(stream)  # made, but never read inside the step
         # deferfuse.capture records a whole step as one program: no cut inside it
         if stream.graph.nodes and stream.graph.sources is None:
             stream.cut_due = stream.where

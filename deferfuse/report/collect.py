@@ -90,7 +90,7 @@ def _time(m: dict, wall: float | None) -> dict[str, Any]:
 
 # Flushes the engine takes on its own without waiting for the device: the host goes on recording
 # while the cut-off program runs. Every other cause is a point where the host waits for a value.
-ENGINE_CUTS = frozenset({"repeated_op_heuristic", "size_cap", "optimizer_step"})
+ENGINE_CUTS = frozenset({"repeated_op_heuristic", "size_cap", "optimizer_step", "optimizer_state"})
 
 
 def _flushes(flushes: list[dict], m: dict, loc: Locator, syncs: list[dict] = ()) -> dict[str, Any]:

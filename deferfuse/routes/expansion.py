@@ -78,10 +78,17 @@ def run(func, args: tuple, kwargs: dict, expand: Callable):
     return _learn(str(func), key, tensors, expand)
 
 
+_RECORDED_AGAIN = RuntimeError("deferfuse internal error: a value of an expansion that was recorded again as one node")
+
+
 def _learn(name: str, key, tensors, expand: Callable):
+    """Expand, and keep the composite if the expansion allows (the module's docstring). A kept
+    composite replaces the nodes the expansion recorded at once: the first call records what
+    every later call does, so a training loop's first step is the same program as the next."""
     g = pending.PENDING.graph
     in_refs = [pending.tensor_ref(g, t) for t in tensors]
     n0 = len(g.nodes)
+    mark = g.mark()
     inputs_before = [(t._st, t._st.value, t._st.graph, t._st.ref) for t in tensors]
     rng_before = rng._counter
     fallbacks_before = sum(METRICS.cpu_fallbacks.values())
@@ -96,6 +103,8 @@ def _learn(name: str, key, tensors, expand: Callable):
     ):
         kept = _composite(name, key, g, n0, in_refs, out)
     _KEPT[key] = kept
+    if kept is not None and g.roll_back(mark, _RECORDED_AGAIN):
+        return emit(kept, tensors, [])
     return out
 
 

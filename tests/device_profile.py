@@ -10,17 +10,24 @@ same option on CPU runs the same selection. What is in, and why:
   - EXCLUDED_PATHS below, each with its reason: tests/distributed, test_hf_trainer, the bench
     harness, and the files that test host-side logic only;
   - of each parametrized test, a fixed third of its cases (by a hash of the test id; the first
-    case where the hash keeps none): every test function runs on the device, its grid thinned;
-- opinfo: tests/test_opinfo.py's ci profile, for a fixed seventh of the entries
-  (`in_device_profile` there says why);
+    case where the hash keeps none), so each test function that runs has its grid thinned;
+  - in the ci share, a fixed half of the test functions (by a hash of the function's id);
+- opinfo: tests/test_opinfo.py's ci profile, for a fixed seventh of the entries, a fourteenth in
+  the ci share (`in_device_profile` there says why);
 - models: tests/models/test_zoo.py's ci profile less its Debug and Strict forwards and its Strict
   generations: every model's forward in DeferAndFuse, the Strict third trained, one generation;
-- fuzz: tests/fuzz/test_fuzz.py's ci seeds, all of them.
+- fuzz: tests/fuzz/test_fuzz.py's ci seeds, a fixed quarter of them in the ci share, and the
+  fuzzer's own tests.
 
+Two shares, as the big suites have ci and full profiles: DEFERFUSE_DEVICE_PROFILE=ci (the
+default) or full. The ci share is cut to fit one session on one chip, about 20 minutes on a TPU
+v5e; the full share took about 40 there (docs/testing.md has the runs), more than a session's 30
+minutes of device time, and runs across sessions with `--device-resume`. Each ci selection is
+inside the full one (see SHARES), so a full run covers it.
 Why cut at all: uncut (the in-process core tests, the OpInfo and model-zoo ci profiles, the fuzz
-seeds) it takes 35 to 50 minutes in one process on our 2-core CPU machines, by their load; the
-budget is about 12 here, for about 20 on a TPU, whose compiles and dispatches are slower.
-docs/testing.md has the timings.
+seeds) it takes 35 to 50 minutes in one process on our 2-core CPU machines, by their load, and a
+TPU v5e runs each test about 2.5 (core) to 10 (fuzz) times slower than they do: its compiles and
+its host's slower Python.
 
 The profile forces the suites' ci profiles (DEFERFUSE_OPINFO=ci, DEFERFUSE_MODELS=ci, no
 DEFERFUSE_FUZZ*), deselects the rest at collection (reported as deselected, not skipped), refuses
@@ -66,6 +73,18 @@ EXCLUDED_PATHS = {
     "tests/test_fuser.py": "the fuser on plain data",
     "tests/test_period_detector.py": "the period detector's two walks on recorded op keys",
 }
+# A test is in a share where crc32(its key) (a fuzz seed: the seed) modulo n is one of the
+# residues: (n, residues). The ci share's OpInfo entries are two fifths of the full share's
+# seventh, by residues modulo 35: a modulus that is a multiple of 7 and of neither 2 nor 3, which
+# the ci profile's own choice of dtypes and modes hashes by (test_opinfo.py, `_in_ci`), so the
+# share keeps about as many tests per entry as the full one does.
+SHARES = {
+    "full": {"core functions": (1, (0,)), "core cases": (3, (0,)), "opinfo entries": (7, (0,)),
+             "fuzz seeds": (1, (0,))},
+    "ci": {"core functions": (2, (0,)), "core cases": (3, (0,)), "opinfo entries": (35, (0, 7)),
+           "fuzz seeds": (4, (0,))},
+}
+SHARE_ENV = "DEFERFUSE_DEVICE_PROFILE"
 # the suites' own profile switches: the device profile runs their ci profiles whatever is set
 CI_ENV = {"DEFERFUSE_OPINFO": "ci", "DEFERFUSE_MODELS": "ci"}
 UNSET_ENV = ("DEFERFUSE_FUZZ", "DEFERFUSE_FUZZ_START", "DEFERFUSE_OPINFO_SAMPLE")
@@ -80,6 +99,20 @@ def active(config) -> bool:
 
 def suite_of(nodeid: str) -> str:
     return SUITES.get(nodeid.split("::")[0], "core")
+
+
+def share() -> str:
+    """The share the profile runs: $DEFERFUSE_DEVICE_PROFILE, ci unless it says full."""
+    name = os.environ.get(SHARE_ENV) or "ci"
+    if name not in SHARES:
+        raise pytest.UsageError(f"{SHARE_ENV} takes {' or '.join(SHARES)}, not {name!r}")
+    return name
+
+
+def in_share(what: str, key: "str | int") -> bool:
+    """Whether the test (entry, function, seed) that `key` names is in this share of `what`."""
+    n, residues = SHARES[share()][what]
+    return (key if isinstance(key, int) else zlib.crc32(key.encode())) % n in residues
 
 
 def pytest_addoption(parser):
@@ -130,6 +163,7 @@ def pytest_configure(config):
         raise pytest.UsageError(f"{OPTION} runs in one process (one process holds the accelerator): drop -n, "
                                 "or pass -p no:xdist")
     asked = _suites(config)
+    share()  # one it does not know is a usage error now, not at collection
     os.environ.update(CI_ENV)
     for name in UNSET_ENV:
         os.environ.pop(name, None)
@@ -246,18 +280,24 @@ def _excluded_reason(item, suites: set[str]) -> str | None:
 
 def in_core_share(nodeid: str) -> bool:
     """A fixed third of a parametrized core test's cases, by a hash of the test id."""
-    return zlib.crc32(nodeid.encode()) % 3 == 0
+    return in_share("core cases", nodeid)
 
 
 def _core_share(items: list) -> tuple[list, list]:
-    """Every core test function keeps one case at least: its first where the hash keeps none."""
+    """The share's core test functions, each keeping one case at least: its first where the
+    hash keeps none."""
     cases: dict[str, list] = {}
     for item in items:
-        if suite_of(item.nodeid) == "core" and "[" in item.nodeid:
+        if suite_of(item.nodeid) == "core":
             cases.setdefault(item.nodeid.split("[")[0], []).append(item)
     dropped = set()
-    for group in cases.values():
-        chosen = [item for item in group if in_core_share(item.nodeid)] or group[:1]
+    for function, group in cases.items():
+        if not in_share("core functions", function):
+            chosen = []
+        elif "[" not in group[0].nodeid:
+            continue
+        else:
+            chosen = [item for item in group if in_core_share(item.nodeid)] or group[:1]
         dropped.update(id(item) for item in group if item not in chosen)
     return [i for i in items if id(i) not in dropped], [i for i in items if id(i) in dropped]
 
@@ -372,7 +412,7 @@ def _device() -> dict:
 def pytest_report_header(config):
     if active(config):
         d = _device()
-        return [f"device profile: {d['platform']} ({d['device_kind']}), float32 matmul precision "
+        return [f"device profile, {share()} share: {d['platform']} ({d['device_kind']}), float32 matmul precision "
                 f"{d['float32_matmul_precision']}"]
     return None
 
@@ -395,7 +435,7 @@ def summary(config, stats: dict, exitstatus) -> dict:
         suites[s]["selected"] = state["selected"].get(s, 0)
         suites[s]["deselected"] = state["deselected"].get(s, 0)
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return {"profile": "device", **_device(), **_commit(), "wall_seconds": round(time.time() - state["t0"], 1),
+    return {"profile": "device", "share": share(), **_device(), **_commit(), "wall_seconds": round(time.time() - state["t0"], 1),
             "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1),
             "exit_status": int(exitstatus), "suites_asked": state.get("asked", list(SUITE_NAMES)),
             "part": state.get("part", "1/1"), "resumed": len(state.get("outcomes", {})), "suites": suites,
@@ -411,7 +451,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     commit = s["commit"] or "unknown (no git checkout, no DEFERFUSE_COMMIT)"
     tr.write_line(f"{s['platform']} ({s['device_kind']}, {s['device_count']} device(s)), float32 matmul precision "
                   f"{s['float32_matmul_precision']}; jax {s['jax']}, torch {s['torch']}, python {s['python']}")
-    tr.write_line(f"commit {commit}{' (with uncommitted changes)' if s['dirty'] else ''}; "
+    tr.write_line(f"commit {commit}{' (with uncommitted changes)' if s['dirty'] else ''}; share {s['share']}; "
                   f"wall {s['wall_seconds']:.0f}s, CPU {s['cpu_seconds']:.0f}s; part {s['part']}"
                   + (f"; {s['resumed']} counted from the journal" if s["resumed"] else ""))
     columns = ("selected", *OUTCOMES, "deselected")

@@ -27,50 +27,72 @@ def pytest_collection_finish(session):
 """
 
 
-def _collect(tmp_path, *args, xdist: str = "no:xdist") -> subprocess.CompletedProcess:
+def _collect(tmp_path, *args, xdist: str = "no:xdist", share: str = "full") -> subprocess.CompletedProcess:
     (tmp_path / "selection_probe.py").write_text(_PROBE)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), ROOT]), "PROBE_OUT": str(tmp_path / "probe.json"),
-           "DEFERFUSE_PROFILE_JSON": str(tmp_path / "summary.json"), "DEFERFUSE_OPINFO": "full"}
+           "DEFERFUSE_PROFILE_JSON": str(tmp_path / "summary.json"), "DEFERFUSE_OPINFO": "full", P.SHARE_ENV: share}
     return subprocess.run([sys.executable, "-m", "pytest", "-p", xdist, "-p", "selection_probe", *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.subprocess  # collects the suite in a pytest process of its own
-def test_the_selection_holds_every_suite_and_nothing_that_needs_another_process(tmp_path):
-    out = _collect(tmp_path, P.OPTION, "--collect-only", "-q", "tests")
+def _selection(tmp_path, share: str) -> tuple[list, list, dict]:
+    out = _collect(tmp_path, P.OPTION, "--collect-only", "-q", "tests", share=share)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert f"; share {share};" in out.stdout and "float32 matmul precision" in out.stdout
     probe = json.loads((tmp_path / "probe.json").read_text())
-    selected, deselected = probe["selected"], probe["deselected"]
-    by_suite = {s: [n for n, _ in selected if P.suite_of(n) == s] for s in P.SUITE_NAMES}
-    assert all(by_suite.values()), {s: len(v) for s, v in by_suite.items()}
-    for nodeid, marks in selected:
-        assert not set(marks) & set(P.MARKERS), (nodeid, marks)
-        assert not nodeid.startswith(tuple(P.EXCLUDED_PATHS)), nodeid
-    # what left: each for a reason the profile gives, and each reason at work
-    why = {"marker": 0, "path": 0, "share": 0, "core third": 0}
-    functions = {n.split("[")[0] for n, _ in selected}
-    for nodeid, marks in deselected:
-        if set(marks) & set(P.MARKERS):
-            why["marker"] += 1
-        elif nodeid.startswith(tuple(P.EXCLUDED_PATHS)):
-            why["path"] += 1
-        elif P.suite_of(nodeid) == "core":
-            # a case of a parametrized test left out, where another case of the same test runs
-            assert "[" in nodeid and not P.in_core_share(nodeid) and nodeid.split("[")[0] in functions, nodeid
-            why["core third"] += 1
-        else:
-            assert P.suite_of(nodeid) in ("opinfo", "models"), nodeid
-            why["share"] += 1
-    assert all(why.values()), why
-    assert any(n.startswith("tests/test_autoload.py::") for n, _ in deselected)
-    assert any(n.startswith("tests/distributed/") for n, _ in deselected)
-    assert any(n == "tests/test_device_profile.py::test_the_guard_knows_a_python_process" for n, _ in selected)
-    # the ci profile whatever DEFERFUSE_OPINFO says: the full one has every variant in every mode
-    assert not any("-method-" in n for n in by_suite["opinfo"])
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert {s: c["selected"] for s, c in summary["suites"].items()} == {s: len(v) for s, v in by_suite.items()}
-    assert summary["platform"] and summary["device_kind"] and summary["float32_matmul_precision"] == "highest"
-    assert "device profile" in out.stdout and "float32 matmul precision" in out.stdout
+    return probe["selected"], probe["deselected"], json.loads((tmp_path / "summary.json").read_text())
+
+
+@pytest.mark.subprocess  # collects the suite in pytest processes of its own
+def test_the_selection_holds_every_suite_and_nothing_that_needs_another_process(tmp_path, monkeypatch):
+    chosen = {}
+    for share in ("full", "ci"):
+        monkeypatch.setenv(P.SHARE_ENV, share)  # for P.in_share here, as in the collecting process
+        selected, deselected, summary = _selection(tmp_path, share)
+        by_suite = {s: [n for n, _ in selected if P.suite_of(n) == s] for s in P.SUITE_NAMES}
+        assert all(by_suite.values()), {s: len(v) for s, v in by_suite.items()}
+        for nodeid, marks in selected:
+            assert not set(marks) & set(P.MARKERS), (nodeid, marks)
+            assert not nodeid.startswith(tuple(P.EXCLUDED_PATHS)), nodeid
+        # what left: each for a reason the profile gives, and each reason at work
+        why = {"marker": 0, "path": 0, "share": 0, "core third": 0, "core functions": 0}
+        functions = {n.split("[")[0] for n, _ in selected}
+        for nodeid, marks in deselected:
+            function = nodeid.split("[")[0]
+            if set(marks) & set(P.MARKERS):
+                why["marker"] += 1
+            elif nodeid.startswith(tuple(P.EXCLUDED_PATHS)):
+                why["path"] += 1
+            elif P.suite_of(nodeid) == "core" and not P.in_share("core functions", function):
+                assert function not in functions, nodeid  # a test function the share leaves out whole
+                why["core functions"] += 1
+            elif P.suite_of(nodeid) == "core":
+                # a case of a parametrized test left out, where another case of the same test runs
+                assert "[" in nodeid and not P.in_core_share(nodeid) and function in functions, nodeid
+                why["core third"] += 1
+            else:
+                assert P.suite_of(nodeid) in ("opinfo", "models", "fuzz"), nodeid
+                why["share"] += 1
+        assert all(n for k, n in why.items() if not (share == "full" and k == "core functions")), (share, why)
+        assert any(n.startswith("tests/test_autoload.py::") for n, _ in deselected)
+        assert any(n.startswith("tests/distributed/") for n, _ in deselected)
+        # the ci profile whatever DEFERFUSE_OPINFO says: the full one has every variant in every mode
+        assert not any("-method-" in n for n in by_suite["opinfo"])
+        assert {s: c["selected"] for s, c in summary["suites"].items()} == {s: len(v) for s, v in by_suite.items()}
+        assert summary["platform"] and summary["device_kind"] and summary["float32_matmul_precision"] == "highest"
+        assert summary["share"] == share
+        chosen[share] = {n for n, _ in selected}
+    assert "tests/test_device_profile.py::test_the_guard_knows_a_python_process" in chosen["full"]
+    # the ci share is a part of the full one, in every suite
+    assert chosen["ci"] < chosen["full"]
+    for suite in P.SUITE_NAMES:
+        assert 0 < sum(P.suite_of(n) == suite for n in chosen["ci"]) <= sum(P.suite_of(n) == suite for n in chosen["full"])
+
+
+def test_an_unknown_share_is_a_usage_error(monkeypatch):
+    monkeypatch.setenv(P.SHARE_ENV, "most")
+    with pytest.raises(pytest.UsageError, match="takes full or ci, not 'most'"):
+        P.share()
 
 
 @pytest.mark.subprocess  # a pytest process of its own

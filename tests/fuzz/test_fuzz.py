@@ -17,12 +17,21 @@ import random
 import pytest
 import torch
 
+import device_profile
 from fuzz_gen import generate, inp
 from fuzz_run import MODES, Failure, _py_close, check, check_seed, shrink
 
 CI_SEEDS = 40
 COUNT = int(os.environ.get("DEFERFUSE_FUZZ") or CI_SEEDS)
 START = int(os.environ.get("DEFERFUSE_FUZZ_START") or 0)
+
+
+def in_device_profile(item) -> bool:
+    """The device profile's share (tests/device_profile.py): in its ci share a fixed quarter of
+    the seeds, each about 13 s on a TPU v5e (its per-op programs compile there), and the
+    fuzzer's own tests."""
+    params = getattr(item, "callspec", None)
+    return params is None or device_profile.in_share("fuzz seeds", params.params["seed"])
 
 
 @pytest.mark.parametrize("seed", range(START, START + COUNT))

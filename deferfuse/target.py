@@ -26,6 +26,19 @@ def jax_device() -> jax.Device:
     return jax.local_devices()[0]
 
 
+def jit(fn, **kwargs):
+    """`jax.jit` for a program of this device: its outputs committed to it, whatever its inputs.
+
+    JAX keys a jitted function's compiled programs by whether each argument is committed to a
+    device, and a program none of whose inputs is committed (a factory's, `torch.zeros` flushed
+    alone; fills whose inputs only give a shape, which XLA prunes) returns uncommitted arrays.
+    The next program reading one compiles again once the same place holds a committed value
+    (the first training step's optimizer state against the second step's, a KV cache made
+    apart against the cache a decode step wrote): a recompile every later call avoids, which
+    deferfuse's own cache never sees, seconds each on a TPU."""
+    return jax.jit(fn, out_shardings=jax.sharding.SingleDeviceSharding(jax_device()), **kwargs)
+
+
 def platform() -> str:
     """The JAX platform behind the device ("tpu", "gpu", "cpu"): what decides which dtypes and ops
     its XLA lacks (device_dtypes.py, lowering/device_limits.py)."""

@@ -6,12 +6,37 @@ from __future__ import annotations
 
 import contextlib
 
+import jax
 import pytest
 import torch
 import torch.nn.functional as F
 
 import deferfuse
 from conftest import MODES, check_all_modes
+
+
+_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
+_XLA_COMPILES: list = []  # while a test of this file counts: one entry per XLA compile
+
+
+def _on_duration(event: str, duration: float, **kwargs) -> None:
+    if event == _BACKEND_COMPILE and _XLA_COMPILES:
+        _XLA_COMPILES[0] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_duration)
+
+
+@pytest.fixture
+def xla_compiles():
+    """Counts every XLA compile of the process while the test runs: with deferfuse's own count,
+    a compile its cache never saw shows (JAX compiling a program again for another argument
+    placement)."""
+    _XLA_COMPILES[:] = [0]
+    try:
+        yield _XLA_COMPILES
+    finally:
+        _XLA_COMPILES.clear()
 
 
 def _model():
@@ -49,10 +74,14 @@ OPTIMIZERS = {  # (parameters, device) -> optimizer
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
-def test_the_first_step_is_every_steps_program(name, events):
+def test_the_first_step_is_every_steps_program(name, events, xla_compiles):
     deferfuse.cache.clear()
     cpu_losses, cpu_params, _ = _train("cpu", OPTIMIZERS[name])
+    n0, p0 = xla_compiles[0], deferfuse.metrics()["programs_compiled"]
     losses, params, opt = _train("tpu", OPTIMIZERS[name], mode="defer_and_fuse")
+    # XLA compiled what deferfuse counts and no more: the state's fills come out committed to
+    # the device, as the step's own outputs do, so the second step's call finds the first's program
+    assert xla_compiles[0] - n0 == deferfuse.metrics()["programs_compiled"] - p0
     torch.testing.assert_close([x.cpu() for x in losses], cpu_losses)
     torch.testing.assert_close([p.cpu() for p in params], cpu_params)
     flushes = [e for e in events() if e["kind"] == "flush"]
@@ -145,3 +174,22 @@ def test_a_decomposed_ops_first_call_records_one_node(mode):
         got = [x.cpu() for x in got]
     want = torch.stack([a.cpu(), b.cpu(), a.cpu()], dim=1)
     torch.testing.assert_close(got, [want, want])
+
+
+def test_a_value_made_from_nothing_is_read_without_compiling_again(xla_compiles):
+    """A program with no committed input (a factory flushed alone) still returns values committed
+    to the device: the program that reads one calls the same compiled program when it later reads
+    its own output there instead (a KV cache made apart, then written by each decode step)."""
+    w = torch.arange(42.0).reshape(7, 3, 2)
+    want = torch.zeros(7, 3, 2)
+    with deferfuse.mode():
+        z = torch.zeros(7, 3, 2, device="tpu")
+        deferfuse.sync()
+        wt = w.to("tpu")
+        n0, p0 = xla_compiles[0], deferfuse.metrics()["programs_compiled"]
+        for _ in range(3):
+            z = z * 0.5 + wt
+            want = want * 0.5 + w
+            deferfuse.sync()
+        assert xla_compiles[0] - n0 == deferfuse.metrics()["programs_compiled"] - p0 <= 1
+        torch.testing.assert_close(z.cpu(), want)

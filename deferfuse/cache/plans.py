@@ -6,9 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import jax
 
-from .. import cluster, fuser, passes, program, spmd
+from .. import cluster, fuser, passes, program, spmd, target
 from ..config import CONFIG
 from ..events import METRICS
 from ..graph import OUT_BITS, Graph
@@ -184,7 +183,7 @@ def _group_program(g: Graph, grp, scalar_ids, key: tuple | None = None) -> tuple
             fn = program.unpacking(fn, layout)
         ranks = _collective_ranks(g, grp)
         if ranks is None:
-            entry = _GROUP_PROGRAMS[key] = (jax.jit(_rewritten(fn)), layout)
+            entry = _GROUP_PROGRAMS[key] = (target.jit(_rewritten(fn)), layout)
         else:  # it holds collectives (spmd_safe): the program runs on every process of their group
             entry = _GROUP_PROGRAMS[key] = (spmd.SpmdProgram(fn, spmd.mesh(ranks), [len(_aval(g, r)[0]) for r in grp.in_refs],
                                                              [len(_aval(g, r)[0]) for r in grp.out_refs]), layout)

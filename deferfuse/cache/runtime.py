@@ -9,9 +9,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import jax
 
-from .. import program
+from .. import program, target
 from ..config import CONFIG
 from ..events import METRICS
 
@@ -176,7 +175,7 @@ def _donating_variant(key: tuple, fn, give: tuple, order: tuple):
             outs = raw(inputs, scalars)
             return [outs[j] for j in order]
 
-        variant = _DONATING[(key, give, order)] = jax.jit(donating, donate_argnums=1)
+        variant = _DONATING[(key, give, order)] = target.jit(donating, donate_argnums=1)
         METRICS.programs_built += 1
     return variant
 
@@ -207,7 +206,7 @@ def run_single(op, ins, scs) -> list:
     k = (op.id, avals)
     fn = _SINGLE.get(k)
     if fn is None:
-        fn = _SINGLE[k] = jax.jit(lambda i, s: op.fn(i, s))
+        fn = _SINGLE[k] = target.jit(lambda i, s: op.fn(i, s))
     return fn(list(ins), list(scs))
 
 

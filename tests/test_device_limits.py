@@ -212,13 +212,14 @@ _SIGNS = torch.tensor([0.0, -0.0, 1e-300, -1e-300, 1e30, -1e30, float("inf"), -f
                       dtype=torch.float64)
 
 
-@pytest.mark.parametrize("case", ["signbit", "copysign", "floor_divide"])
+@pytest.mark.parametrize("case", ["signbit", "copysign", "floor_divide", "abs"])
 def test_float64_sign_ops_stay_lowered_and_exact(on_tpu, case):
     """XLA:TPU failed to compile jnp.signbit on float64 (a 64-bit shift of its bit pattern), and
     copysign and float floor division are built on it: these are lowered through float32's sign
-    instead, which keeps the sign of zeros, infinities and numbers below float32's range."""
+    instead, which keeps the sign of zeros, infinities and numbers below float32's range. And its
+    float64 abs left -0.0 negative (copysign on a TPU v5e, 2026-12-06): abs goes through it too."""
     fn = {"signbit": torch.signbit, "copysign": lambda x: torch.copysign(x.flip(0), x),
-          "floor_divide": lambda x: torch.floor_divide(x.flip(0), x)}[case]
+          "floor_divide": lambda x: torch.floor_divide(x.flip(0), x), "abs": torch.abs}[case]
     signs = _SIGNS.clone()
     if case == "floor_divide":  # on a real TPU 1e-300 is float32's zero (device_dtypes.py): x // 0 is not x // 1e-300
         signs[2:4] = torch.tensor([1e-30, -1e-30], dtype=torch.float64)

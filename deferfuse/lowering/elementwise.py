@@ -32,11 +32,13 @@ def signbit(x):
 
 
 def copysign(x, y):
-    """jnp.copysign, through the signbit above."""
+    """jnp.copysign, through the signbit above: x negated where the two signs differ. Not through
+    abs, which XLA:TPU's float64 leaves negative for -0.0 and for the negatives too small for
+    float32 that it holds as -0.0 (a TPU v5e gave copysign(-1e-300, inf) a set sign bit)."""
     x, y = jnp.asarray(x), jnp.asarray(y)
     dt = jnp.result_type(x, y)
-    x = jnp.abs(x.astype(dt))
-    return jnp.where(signbit(y.astype(dt)), -x, x)
+    x = x.astype(dt)
+    return jnp.where(signbit(x) != signbit(y.astype(dt)), -x, x)
 
 
 # --- unary ---------------------------------------------------------------------------------------
@@ -113,6 +115,9 @@ def sign(x):
 
 @lowering(aten.abs.default, promote="complex_to_float")
 def absolute(x):
+    """float64 through its sign bit (see copysign): XLA:TPU's float64 abs keeps -0.0 negative."""
+    if x.dtype == jnp.float64:
+        return jnp.where(signbit(x), -x, x)
     return jnp.abs(x)
 
 

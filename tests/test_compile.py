@@ -167,13 +167,15 @@ def test_recompiles_on_a_new_shape_and_not_on_a_repeated_one():
     assert compiled["a again"] == compiled["b again"] == compiled["a third"] == 0, compiled
 
 
-@pytest.mark.tpu_tolerance(times=12, why="XLA:TPU's float32 tanh (2.4 times per element, docs/testing.md) summed "
-                                         "over rows, on unseeded inputs: 6.4e-5 absolute measured, 2.6 times, then "
-                                         "1.0e-4 on 0.655 at 1b49775, 6.3 times")
+@pytest.mark.tpu_tolerance(times=28, why="XLA:TPU's float32 tanh (2.4 times per element, docs/testing.md) summed "
+                                         "over rows and scaled by their count, on inputs unseeded until 2026-12-06: "
+                                         "6.4e-5 absolute measured (2.6 times), 1.0e-4 on 0.655 at 1b49775 (6.3 "
+                                         "times), 4.5e-4 on 2.2 at d166f32 (14 times)")
 def test_dynamic_shapes_run_one_program_per_shape():
     def f(x, w):
         return torch.tanh(x @ w).sum(0) * x.shape[0]
 
+    torch.manual_seed(0)
     cf = torch.compile(f, backend="tpu")  # automatic dynamic: the second shape retraces symbolically
     w = torch.randn(4, 6)
     compiled = []
@@ -243,12 +245,14 @@ def test_dropout_model_trains():
                                rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.tpu_tolerance(times=4, why="XLA:TPU's float32 exp: 4.9e-4 absolute on 295 (1.7e-6 relative) at "
+                                        "d166f32, on inputs unseeded until then, 1.25 times")
 def test_pending_defer_and_fuse_work_flushes_before_a_compiled_call_records():
     def f(x):
         return torch.exp(x) + 1
 
     cf = torch.compile(f, backend="tpu")
-    x = torch.randn(4, 4)
+    x = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
     with deferfuse.mode():
         xt = x.to("tpu") * 3  # pending
         before = deferfuse.metrics()["flushes_by_cause"].get("compile_mode_execution", 0)
@@ -365,8 +369,9 @@ def test_a_deferred_replay_takes_only_its_random_keys_as_scalars(monkeypatch):
             torch.testing.assert_close(b, f(x, p))
 
 
-@pytest.mark.tpu_tolerance(times=10, why="AdamW steps through bf16-pass matmuls and XLA:TPU's sqrt: on the chip "
-                                         "at 1b49775, 6.7e-6 absolute on weights near 0, at most 6.7 times")
+@pytest.mark.tpu_tolerance(times=24, why="AdamW steps through bf16-pass matmuls and XLA:TPU's sqrt: on the chip "
+                                         "at 1b49775, 6.7e-6 absolute on weights near 0, at most 6.7 times; at "
+                                         "d166f32 2.0e-5 on 7.3e-3, 11.8 times")
 def test_compiled_training_in_defer_and_fuse_runs_one_program_per_step():
     m, ref = _mlp()
     opt, ref_opt = torch.optim.AdamW(m.parameters(), lr=1e-2), torch.optim.AdamW(ref.parameters(), lr=1e-2)

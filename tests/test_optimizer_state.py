@@ -73,6 +73,8 @@ OPTIMIZERS = {  # (parameters, device) -> optimizer
 }
 
 
+@pytest.mark.tpu_tolerance(times=4, why="four steps through bf16-pass matmuls and XLA:TPU's sqrt: 2.0e-5 absolute "
+                                        "on a loss of 0.92 (AdamW) at d166f32, 1.8 times")
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_the_first_step_is_every_steps_program(name, events, xla_compiles):
     deferfuse.cache.clear()
@@ -138,6 +140,8 @@ class _Odd(torch.optim.Optimizer):
                 p.add_(s["avg"] + s["later"] * 0.01 + s["from_grad"] * 0.001, alpha=-group["lr"])
 
 
+@pytest.mark.tpu_tolerance(times=3, why="three steps through bf16-pass matmuls: 1.01e-5 absolute on 0.077 at "
+                                        "d166f32, 1.0 times")
 @pytest.mark.parametrize("sync", [False, True])
 def test_state_made_unusually_matches_cpu_in_every_mode(sync):
     def fn(d):

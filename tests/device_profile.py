@@ -384,8 +384,14 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 def _commit() -> dict:
-    """The commit under test: git's where this is a checkout (the TPU host's copy may have no git
-    metadata), else $DEFERFUSE_COMMIT."""
+    """The commit under test: $DEFERFUSE_COMMIT where the caller names it, else git's where this
+    is a checkout. The caller's word comes first: a copy of the tree on a device machine may have
+    no git metadata, or another checkout's (the device tool's copy of a tree at d166f32 said
+    a46fc7c "with uncommitted changes")."""
+    env = os.environ.get("DEFERFUSE_COMMIT")
+    if env:
+        return {"commit": env, "dirty": None, "commit_from": "DEFERFUSE_COMMIT"}
+
     def git(*args):
         return subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True, timeout=20, check=True).stdout
 
@@ -395,8 +401,7 @@ def _commit() -> dict:
                     "dirty": bool(git("status", "--porcelain", "--untracked-files=no").strip()), "commit_from": "git"}
     except (OSError, subprocess.SubprocessError):
         pass
-    env = os.environ.get("DEFERFUSE_COMMIT")
-    return {"commit": env or None, "dirty": None, "commit_from": "DEFERFUSE_COMMIT" if env else None}
+    return {"commit": None, "dirty": None, "commit_from": None}
 
 
 def _device() -> dict:

@@ -256,24 +256,7 @@ def _flush(cause: str, where=None) -> list:
             s.value = results[refs[s.ref]]
         if g.sources is not None:
             PENDING.captured = (g, out_refs, [(s, refs[s.ref]) for s in live], plan)
-        n = len(g.nodes)
-        m = METRICS
-        m.flushes[cause] += 1
-        m.nodes_flushed += n
-        m.outputs_materialized += len(out_refs)
-        m.bytes_materialized += plan.bytes_out
-        m.intermediates_skipped += plan.n_internal
-        m.bytes_skipped += plan.bytes_internal
-        if n > m.max_pending:
-            m.max_pending = n
-        dt = time.perf_counter() - t0
-        m.flush_seconds += dt
-        if events.collecting() or CONFIG.log:
-            events.emit(
-                "flush", cause=cause, where=where, nodes=n, outputs=len(out_refs), hit=hit, key=plan.key_hash,
-                groups=len(plan.steps), seconds=dt, skipped=plan.n_internal, bytes_skipped=plan.bytes_internal,
-                bytes_out=plan.bytes_out, ops=plan.n_ops,
-            )
+        counted(cause, where, len(g.nodes), len(out_refs), plan, hit, t0)
     except FlushError:
         raise
     except BaseException as exc:
@@ -288,6 +271,27 @@ def _flush(cause: str, where=None) -> list:
         interrupts.release()  # the results are in place: the handlers of signals that came run now
     interrupts.deliver()
     return live
+
+
+def counted(cause: str, where, n: int, n_out: int, plan, hit: bool, t0: float) -> None:
+    """A flush of n nodes that began at t0 has run its plan: its metrics and its event."""
+    m = METRICS
+    m.flushes[cause] += 1
+    m.nodes_flushed += n
+    m.outputs_materialized += n_out
+    m.bytes_materialized += plan.bytes_out
+    m.intermediates_skipped += plan.n_internal
+    m.bytes_skipped += plan.bytes_internal
+    if n > m.max_pending:
+        m.max_pending = n
+    dt = time.perf_counter() - t0
+    m.flush_seconds += dt
+    if events.collecting() or CONFIG.log:
+        events.emit(
+            "flush", cause=cause, where=where, nodes=n, outputs=n_out, hit=hit, key=plan.key_hash,
+            groups=len(plan.steps), seconds=dt, skipped=plan.n_internal, bytes_skipped=plan.bytes_internal,
+            bytes_out=plan.bytes_out, ops=plan.n_ops,
+        )
 
 
 def _interrupted(g: Graph, pushed: int, exc: BaseException, cause: str, where) -> None:

@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import time
 
-from .. import cache, events
+from .. import cache, pending
 from ..causes import Cause
-from ..config import CONFIG
-from ..events import METRICS
 from ..graph import OUT_BITS, Graph
 from ..pending import Pending
 
@@ -37,9 +35,9 @@ class FreshState:
         self.first = 0  # the index of the first of them
         self.storages: list = []
 
-    def note(self, stream: Pending, out) -> bool:
+    def note(self, stream: Pending, out) -> None:
         """After a top-level op inside a step: keep it if it is a fill of a new tensor, just
-        recorded as the graph's last node, reading nothing pending. Whether one is held now."""
+        recorded as the graph's last node, reading nothing pending."""
         g = stream.graph
         nodes = g.nodes
         n = len(nodes)
@@ -49,11 +47,10 @@ class FreshState:
         st = getattr(out, "_st", None)
         if (node is None or node.op.family != "creation" or len(node.op.out_avals) != 1 or st is None
                 or st.graph is not g or st.ref != (n - 1) << OUT_BITS or any(r >= 0 for r in node.inputs)):
-            return bool(self.storages)
+            return
         if not self.storages:
             self.graph, self.first = g, n - 1
         self.storages.append(st)
-        return True
 
     def run(self, stream: Pending) -> None:
         """Run the held fills now, as one program, and take them out of the step's graph."""
@@ -85,14 +82,4 @@ class FreshState:
         for st, value in zip(held, results):
             st.set_value(value)
         stream.pushed = min(stream.pushed, first)
-        m = METRICS
-        m.flushes[Cause.OPTIMIZER_STATE] += 1
-        m.nodes_flushed += len(held)
-        m.outputs_materialized += len(held)
-        m.bytes_materialized += plan.bytes_out
-        dt = time.perf_counter() - t0
-        m.flush_seconds += dt
-        if events.collecting() or CONFIG.log:
-            events.emit("flush", cause=Cause.OPTIMIZER_STATE, where=stream.where, nodes=len(held), outputs=len(held),
-                        hit=hit, key=plan.key_hash, groups=len(plan.steps), seconds=dt, skipped=0, bytes_skipped=0,
-                        bytes_out=plan.bytes_out, ops=plan.n_ops)
+        pending.counted(Cause.OPTIMIZER_STATE, stream.where, len(held), len(held), plan, hit, t0)

@@ -87,8 +87,8 @@ def _learn(name: str, key, tensors, expand: Callable):
     every later call does, so a training loop's first step is the same program as the next."""
     g = pending.PENDING.graph
     in_refs = [pending.tensor_ref(g, t) for t in tensors]
-    n0 = len(g.nodes)
     mark = g.mark()
+    n0 = mark[0]  # the expansion's first node
     inputs_before = [(t._st, t._st.value, t._st.graph, t._st.ref) for t in tensors]
     rng_before = rng._counter
     fallbacks_before = sum(METRICS.cpu_fallbacks.values())

@@ -29,6 +29,8 @@ class Metrics:
     # XLA's own share of it: the backend compiles (JAX's monitoring event), none for a program
     # loaded from the persistent cache, whose tracing and lowering compile_seconds still counts
     xla_compile_seconds: float = 0.0
+    # and how many: one per program deferfuse compiled, unless JAX compiled one again unseen
+    xla_compiles: int = 0
     execute_calls: int = 0
     cpu_fallbacks: Counter = field(default_factory=Counter)  # op name -> count
     # op name -> calls recorded as one node from the kept expansion of their decomposition
@@ -69,6 +71,7 @@ class Metrics:
             "programs_built": self.programs_built,
             "compile_seconds": self.compile_seconds,
             "xla_compile_seconds": self.xla_compile_seconds,
+            "xla_compiles": self.xla_compiles,
             "execute_calls": self.execute_calls,
             "cpu_fallbacks": dict(self.cpu_fallbacks),
             "cpu_fallbacks_total": sum(self.cpu_fallbacks.values()),

@@ -161,9 +161,9 @@ _COMPILES = []
 
 
 def _listen_compiles() -> None:
-    """Sum XLA's backend compiles into `xla_compile_seconds`, cache on or off: what a program
-    loaded from the persistent cache does not pay, where `compile_seconds` also counts the
-    tracing and lowering JAX needs to find it."""
+    """Sum XLA's backend compiles into `xla_compile_seconds` and count them in `xla_compiles`,
+    cache on or off: what a program loaded from the persistent cache does not pay, where
+    `compile_seconds` also counts the tracing and lowering JAX needs to find it."""
     if _COMPILES:
         return
     _COMPILES.append(True)
@@ -171,6 +171,7 @@ def _listen_compiles() -> None:
     def on_duration(event: str, duration: float, **_) -> None:
         if event == _BACKEND_COMPILE:
             METRICS.xla_compile_seconds += duration
+            METRICS.xla_compiles += 1
 
     jax.monitoring.register_event_duration_secs_listener(on_duration)
 

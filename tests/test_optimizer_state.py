@@ -6,61 +6,31 @@ from __future__ import annotations
 
 import contextlib
 
-import jax
 import pytest
 import torch
 import torch.nn.functional as F
 
 import deferfuse
-from conftest import MODES, check_all_modes
+from conftest import MODES, check_all_modes, train_toy
 
 
-_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
-_XLA_COMPILES: list = []  # while a test of this file counts: one entry per XLA compile
-
-
-def _on_duration(event: str, duration: float, **kwargs) -> None:
-    if event == _BACKEND_COMPILE and _XLA_COMPILES:
-        _XLA_COMPILES[0] += 1
-
-
-jax.monitoring.register_event_duration_secs_listener(_on_duration)
-
-
-@pytest.fixture
-def xla_compiles():
-    """Counts every XLA compile of the process while the test runs: with deferfuse's own count,
-    a compile its cache never saw shows (JAX compiling a program again for another argument
-    placement)."""
-    _XLA_COMPILES[:] = [0]
-    try:
-        yield _XLA_COMPILES
-    finally:
-        _XLA_COMPILES.clear()
-
-
-def _model():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
-
-
-def _train(device, make_opt, steps=4, clip=True, mode=None):
-    model = _model().to(device)
-    opt = make_opt(model.parameters(), device)
-    g = torch.Generator().manual_seed(1)
+def _train(device, make_opt, steps=4, mode=None):
+    """conftest's toy loop, clipped (clip_grad_norm_'s stack is a decomposed op: its first call
+    is kept whole), in `mode`: its losses, parameters and optimizer."""
     losses = []
+
+    def loss_of(out, t):
+        losses.append(F.cross_entropy(out, t))
+        return losses[-1]
+
     with deferfuse.mode(mode) if mode else contextlib.nullcontext():
-        for _ in range(steps):
-            x = torch.randn(5, 6, generator=g).to(device)
-            t = torch.randint(0, 3, (5,), generator=g).to(device)
-            loss = F.cross_entropy(model(x), t)
-            loss.backward()
-            if clip:  # clip_grad_norm_'s stack is a decomposed op: its first call is kept whole
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad()
-            losses.append(loss)
+        model, opt = train_toy(device, lambda: [torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)],
+                               lambda ps: make_opt(ps, device), loss_of, steps=steps, clip=1.0)
     return losses, [p.detach() for p in model.parameters()], opt
+
+
+def _xla_compiles() -> int:
+    return deferfuse.metrics()["xla_compiles"]
 
 
 OPTIMIZERS = {  # (parameters, device) -> optimizer
@@ -76,14 +46,14 @@ OPTIMIZERS = {  # (parameters, device) -> optimizer
 @pytest.mark.tpu_tolerance(times=4, why="four steps through bf16-pass matmuls and XLA:TPU's sqrt: 2.0e-5 absolute "
                                         "on a loss of 0.92 (AdamW) at d166f32, 1.8 times")
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
-def test_the_first_step_is_every_steps_program(name, events, xla_compiles):
+def test_the_first_step_is_every_steps_program(name, events):
     deferfuse.cache.clear()
     cpu_losses, cpu_params, _ = _train("cpu", OPTIMIZERS[name])
-    n0, p0 = xla_compiles[0], deferfuse.metrics()["programs_compiled"]
+    n0, p0 = _xla_compiles(), deferfuse.metrics()["programs_compiled"]
     losses, params, opt = _train("tpu", OPTIMIZERS[name], mode="defer_and_fuse")
     # XLA compiled what deferfuse counts and no more: the state's fills come out committed to
     # the device, as the step's own outputs do, so the second step's call finds the first's program
-    assert xla_compiles[0] - n0 == deferfuse.metrics()["programs_compiled"] - p0
+    assert _xla_compiles() - n0 == deferfuse.metrics()["programs_compiled"] - p0
     torch.testing.assert_close([x.cpu() for x in losses], cpu_losses)
     torch.testing.assert_close([p.cpu() for p in params], cpu_params)
     flushes = [e for e in events() if e["kind"] == "flush"]
@@ -180,7 +150,7 @@ def test_a_decomposed_ops_first_call_records_one_node(mode):
     torch.testing.assert_close(got, [want, want])
 
 
-def test_a_value_made_from_nothing_is_read_without_compiling_again(xla_compiles):
+def test_a_value_made_from_nothing_is_read_without_compiling_again():
     """A program with no committed input (a factory flushed alone) still returns values committed
     to the device: the program that reads one calls the same compiled program when it later reads
     its own output there instead (a KV cache made apart, then written by each decode step)."""
@@ -190,10 +160,10 @@ def test_a_value_made_from_nothing_is_read_without_compiling_again(xla_compiles)
         z = torch.zeros(7, 3, 2, device="tpu")
         deferfuse.sync()
         wt = w.to("tpu")
-        n0, p0 = xla_compiles[0], deferfuse.metrics()["programs_compiled"]
+        n0, p0 = _xla_compiles(), deferfuse.metrics()["programs_compiled"]
         for _ in range(3):
             z = z * 0.5 + wt
             want = want * 0.5 + w
             deferfuse.sync()
-        assert xla_compiles[0] - n0 == deferfuse.metrics()["programs_compiled"] - p0 <= 1
+        assert _xla_compiles() - n0 == deferfuse.metrics()["programs_compiled"] - p0 <= 1
         torch.testing.assert_close(z.cpu(), want)

@@ -12,8 +12,8 @@ same option on CPU runs the same selection. What is in, and why:
   - of each parametrized test, a fixed third of its cases (by a hash of the test id; the first
     case where the hash keeps none), so each test function that runs has its grid thinned;
   - in the ci share, a fixed half of the test functions (by a hash of the function's id);
-- opinfo: tests/test_opinfo.py's ci profile, for a fixed seventh of the entries, a fourteenth in
-  the ci share (`in_device_profile` there says why);
+- opinfo: tests/test_opinfo.py's ci profile, for a fixed seventh of the entries, two fifths of
+  those in the ci share (`in_device_profile` there says why);
 - models: tests/models/test_zoo.py's ci profile less its Debug and Strict forwards and its Strict
   generations: every model's forward in DeferAndFuse, the Strict third trained, one generation;
 - fuzz: tests/fuzz/test_fuzz.py's ci seeds, a fixed quarter of them in the ci share, and the

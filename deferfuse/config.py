@@ -101,6 +101,9 @@ class Config:
     # finite and warns where it is not, "raise" raises on every NaN/Inf from finite inputs, False
     # turns it off.
     debug_nan_check: bool | str = field(default_factory=lambda: _flag_or("DEFERFUSE_DEBUG_NAN_CHECK", True, "raise"))
+    # DeferAndFuse replays a training step from the trace of the step before (executors/replay.py)
+    # rather than recording it again op by op; off to compare, or to bisect a problem.
+    replay: bool = field(default_factory=lambda: _flag("DEFERFUSE_REPLAY", True))
     # Record the user's file:line for every recorded op (used by errors and the report).
     source_lines: bool = field(default_factory=lambda: _flag("DEFERFUSE_SOURCE_LINES", True))
     # Live event log, like TORCH_LOGS: any of flush, compile, fallback, all.

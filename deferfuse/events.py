@@ -20,6 +20,8 @@ from .sources import fmt
 @dataclass
 class Metrics:
     ops_recorded: int = 0
+    # top-level ops served from the trace of an earlier step (executors/replay.py), not recorded
+    ops_replayed: int = 0
     flushes: Counter = field(default_factory=Counter)  # cause -> count
     cache_hits: int = 0
     cache_misses: int = 0
@@ -63,6 +65,7 @@ class Metrics:
     def as_dict(self) -> dict[str, Any]:
         return {
             "ops_recorded": self.ops_recorded,
+            "ops_replayed": self.ops_replayed,
             "flushes": sum(self.flushes.values()),
             "flushes_by_cause": {str(c): n for c, n in self.flushes.items()},
             "cache_hits": self.cache_hits,

@@ -69,6 +69,11 @@ def marking(on: bool) -> int:
     return _counter
 
 
+def counter() -> int:
+    """How many keys the global stream has drawn (a step replay checks that an op drew none)."""
+    return _counter
+
+
 def reserve(n: int) -> tuple[int, int]:
     """(seed, first counter) of n consecutive counters taken from the stream at once."""
     global _counter

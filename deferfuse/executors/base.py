@@ -28,6 +28,9 @@ class Executor:
     kind: EagerMode
     checks_before = False  # whether before_op does anything (saves a call on the hot path)
     runs_eagerly = False  # whether a top-level op may run straight from the cache (Strict)
+    # When set, the router calls serve(func, args, kwargs, route) for a top-level op instead of
+    # the route and `after_op`: DeferAndFuse's step replay (replay.py)
+    serve = None
 
     def before_op(self, func, args, kwargs) -> None:
         pass

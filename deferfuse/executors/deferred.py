@@ -35,6 +35,7 @@ from ..lowering.registry import LOWERINGS
 from . import data_checks
 from .base import EagerMode, Executor
 from .optimizer_state import FreshState
+from .replay import StepReplay
 
 _PENDING = pending.PENDING
 
@@ -45,6 +46,7 @@ class DeferredExecutor(Executor):
 
     def __init__(self):
         self.fresh = FreshState()  # an optimizer's new state, run apart (optimizer_state.py)
+        self.replay = StepReplay(self)  # a step fed from the trace of the step before (replay.py)
 
     def before_op(self, func, args, kwargs) -> None:
         stream = _PENDING
@@ -54,6 +56,8 @@ class DeferredExecutor(Executor):
         if stream.cut_due is not None:  # the first op after an optimizer step (see the docstring)
             pending.flush(Cause.OPTIMIZER_STEP, stream.cut_due)
         self.checks_before = CONFIG.debug_checks or fresh.in_step > 0
+        if self.replay.due:  # the first op after a step: the next step begins
+            self.replay.begin()
         if CONFIG.debug_checks:
             data_checks.check(func, args, kwargs)
 
@@ -106,6 +110,7 @@ class DeferredExecutor(Executor):
 
     def on_exit(self) -> None:
         self.fresh.in_step = 0  # a step that raised never reported its end
+        self.replay.stop(arm=False)  # what follows the last step is no step
         pending.flush(Cause.MODE_EXIT, sources.user_frame(3))
 
     def before_optimizer_step(self) -> None:
@@ -123,6 +128,9 @@ class DeferredExecutor(Executor):
         fresh.in_step = max(fresh.in_step - 1, 0)
         if fresh.storages and not fresh.in_step:
             fresh.run(stream)  # made, but never read inside the step
+        if not fresh.in_step:
+            self.replay.end()
+            self.checks_before = self.replay.due or self.checks_before
         # deferfuse.capture records a whole step as one program: no cut inside it
         if stream.graph.nodes and stream.graph.sources is None:
             stream.cut_due = stream.where

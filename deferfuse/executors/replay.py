@@ -1,0 +1,369 @@
+"""Step replay: a training step that was recorded once is fed again from its trace.
+
+Once a step has been recorded and compiled, every later identical step used to pay the whole
+recording again: per op, the signature walk, the recipe lookup, the graph's node and refs, the
+period detector. This keeps, per training step (the ops between two optimizer `step()`s), a trace
+of what each top-level op did to the pending graph, and on the next step checks each op against
+it and applies what it did, without routing or recording it:
+
+- the check: the same overload from the same source line; the same arguments, the non-tensor
+  ones equal (a float by its sign too), every tpu tensor with the layout it had and the same
+  storage in the same state (the one a traced op made, or a concrete one first seen there, at
+  the same graph input position); the graph at the same length; the float32 matmul precision a
+  contraction was recorded at;
+- the effect, copied: the nodes, their refs and scalars, the graph inputs, the view reads, the
+  writes into the arguments' storages, new storages, and output tensors of the recorded metadata.
+
+The graph that results is the one recording builds, node for node, so the flush's key, plan,
+liveness and error recovery are unchanged: replay changes how fast the graph is made, never what
+it is. An op whose arguments differ only in values that do not shape the graph (an optimizer's
+bias corrections change every step) is recorded as usual and checked to have done what the trace
+says; the replay goes on after it. At the first real difference (another shape, another branch, a
+new sync point) the step is recorded from there on, as before, and its trace replaces the old one.
+
+What is traced is judged by its effects, not by a list of routes: an op is left out (and the
+trace ends there) if it flushed, ran a program, fell back to the CPU, drew random numbers, read
+the host, changed a tensor's metadata, returned anything but tpu tensors, or left a value the
+trace cannot name (a new input not among its arguments, a storage no output holds).
+"""
+from __future__ import annotations
+
+from .. import dtypes, rng
+from ..config import CONFIG
+from ..events import METRICS
+from ..graph import OUT_BITS
+from ..meta import flatten_outputs
+from ..pending import PENDING
+from ..precision import current as matmul_precision
+from ..record import CALL
+from ..tensor import LAYOUTS, TpuTensor
+from .replay_code import MISS, compile_entry
+from .replay_entry import _N, _PLAIN, _S, Entry, _leaves, _tensors_only, _value_item
+
+_MAX_TRACES = 4  # steps of different shapes a loop alternates between (two optimizers, eval steps)
+
+
+class StepReplay:
+    """The traces of recent steps, and the step being traced or replayed now."""
+
+    def __init__(self, executor):
+        self.ex = executor
+        self.traces: dict = {}  # (first op, its source line) -> entries of the step it began
+        self.due = False  # a step ended: the next op with an empty graph begins a step
+        self.why = None  # why the last trace ended before its step did
+        self._clear()
+        dtypes.on_default_dtype_change(self.forget)  # the same calls then make other nodes
+
+    def _clear(self) -> None:
+        self.g = None  # the graph the step records into
+        self.entries: list = []
+        self.i = 0  # replaying: the next entry to match
+        self.replaying = False
+        self.slots: list = []  # storages the step has seen
+        self.slot_of: dict[int, int] = {}  # id(storage) -> slot, for the first `synced` slots
+        self.synced = 0
+        self.ex.serve = None
+
+    def forget(self) -> None:
+        self.traces.clear()
+        self._clear()
+
+    # --- the step's bounds ------------------------------------------------------------------
+
+    def begin(self) -> None:
+        """At the first op after a step ended, the graph empty: trace or replay this step."""
+        self.due = False
+        g = PENDING.graph
+        if not CONFIG.replay or g.nodes or g.sources is not None or self.ex.fresh.storages:
+            return
+        self._clear()
+        self.g = g
+        self.ex.serve = self.first
+
+    def end(self) -> None:
+        """The optimizer's step() returned: what this step did becomes the trace of its kind."""
+        self._arm(whole=True)
+        self._clear()
+        self.due = CONFIG.replay
+
+    def _arm(self, whole: bool) -> None:
+        """Keep what this step did so far as the trace of steps that begin as it did: a whole
+        step's always, a part of one (cut short by a sync point) unless a longer trace is kept."""
+        entries = self.entries[: self.i] if self.replaying else self.entries
+        if self.g is not None and entries:
+            kind = (entries[0].func, entries[0].where)
+            old = self.traces.pop(kind, None)
+            if not whole and old is not None and len(old) > len(entries):
+                entries = old
+            self.traces[kind] = entries
+            while len(self.traces) > _MAX_TRACES:
+                del self.traces[next(iter(self.traces))]
+
+    def stop(self, arm: bool = True) -> None:
+        """Record the rest of the step as usual, untraced; what was traced up to here is the
+        trace (the step that began the same way replays that far, then records)."""
+        if arm:
+            self._arm(whole=False)
+        self._clear()
+
+    # --- serving ops (dispatch.torch_dispatch calls `executor.serve` instead of the route) ---
+
+    def first(self, func, args, kwargs, route):
+        """The step's first op picks the trace to replay, by the op and its source line."""
+        trace = self.traces.get((func, PENDING.where))
+        if trace is not None:
+            self.entries = trace
+            self.replaying = True
+            self.ex.serve = self.replay
+            return self.replay(func, args, kwargs, route)
+        self.ex.serve = self.trace
+        return self.trace(func, args, kwargs, route)
+
+    def replay(self, func, args, kwargs, route):
+        i = self.i
+        g = PENDING.graph
+        e = self.entries[i] if i < len(self.entries) else None
+        if (e is None or e.func is not func or g is not self.g or len(g.nodes) != e.n0 or len(g.scalars) != e.s0
+                or len(g.inputs) != e.i0 or (e.nodes and PENDING.where != e.where)
+                or (e.precision is not None and matmul_precision() != e.precision)):
+            self._leave(len(g.nodes))
+            return self.trace(func, args, kwargs, route)
+        if e.run:  # an op that leaves the graph alone runs again, and must still leave it alone
+            self._sync_slots()
+            out, again = self._record(func, args, kwargs, route, _leaves(args, kwargs))
+            if again is not None and again.run:
+                self.i = i + 1
+                return out
+            self._leave(e.n0)
+            self.ex.after_op(func, out)
+            self._traced(again)
+            return out
+        serve = e.serve
+        if serve is None:
+            serve = e.serve = compile_entry(e)
+        out = serve(args, kwargs, g, self.slots)
+        if out is not MISS:
+            self.i = i + 1
+            return out
+        # the values differ: record the op as usual, and go on if it did what the trace says
+        self._sync_slots()
+        leaves = _leaves(args, kwargs)
+        out, again = self._record(func, args, kwargs, route, leaves)
+        if again is not None and e.same_effect(again):
+            self.i = i + 1
+            if e.scalars != again.scalars and e.learn(leaves, again.scalars):
+                e.serve = None  # compiled again, the scalars now read from the arguments they come from
+            return out
+        self._leave(e.n0)
+        self.ex.after_op(func, out)
+        self._traced(again)
+        return out
+
+    def trace(self, func, args, kwargs, route):
+        g = PENDING.graph
+        last = self.entries[-1] if self.entries else None
+        if g is not self.g or len(g.nodes) != (last.n0 + len(last.nodes) if last else 0):
+            self.stop()  # something recorded outside an op (a compiled graph's node): untraceable
+            return self._plain(func, args, kwargs, route)
+        out, e = self._record(func, args, kwargs, route, _leaves(args, kwargs))
+        self.ex.after_op(func, out)
+        self._traced(e)
+        return out
+
+    def _traced(self, e) -> None:
+        if e is None or PENDING.graph is not self.g:
+            self.stop()
+        else:
+            self.entries.append(e)
+
+    def _plain(self, func, args, kwargs, route):
+        CALL.depth = 1
+        try:
+            out = route(func, args, kwargs)
+        finally:
+            CALL.depth = 0
+        self.ex.after_op(func, out)
+        return out
+
+    def _leave(self, n: int) -> None:
+        """From replaying to tracing, at entry i, where the graph has n nodes: the period
+        detector is fed the ops it did not see, as they were recorded."""
+        stream = PENDING
+        period = stream.period
+        for e in self.entries[: self.i]:
+            if e.push is not None:
+                period.push(*e.push)
+        stream.pushed = n
+        self._sync_slots()
+        self.entries = self.entries[: self.i]
+        self.replaying = False
+        self.ex.serve = self.trace
+
+    # --- recording an op and reading what it did ---------------------------------------------
+
+    def _sync_slots(self) -> None:
+        """Index the slots a replayed op appended (the generated code appends, never indexes)."""
+        slots, slot_of = self.slots, self.slot_of
+        for k in range(self.synced, len(slots)):
+            slot_of[id(slots[k])] = k
+        self.synced = len(slots)
+
+    def _untouched(self, g, sizes, before, out, probe) -> bool:
+        """Whether the op left the pending graph as it was (but for concrete values it wrote into
+        storages with nothing pending) and returned only concrete values of its own: a batch
+        copied to the device, a CPU fallback on concrete inputs, a host read of a concrete value.
+        A replay runs such an op again, as it is."""
+        if sizes != (len(g.nodes), len(g.scalars), len(g.inputs), len(g.storages), len(g.reads)):
+            return False
+        if len(self.ex.fresh.storages) != probe[4]:
+            return False
+        for a, st, lid, lay, graph, ref, value in before:
+            if a._st is not st or a._lid != lid or a._lay != lay:
+                return False
+            # a value copied in from the host (copy_ into a new buffer) replaces no pending one
+            if graph is not None or st.graph is not None:
+                if st.graph is not graph or st.ref != ref or st.value is not value:
+                    return False
+        flat, _ = flatten_outputs(out)
+        return all(type(t) is not TpuTensor or (t._st.graph is None and id(t._st) not in self.slot_of)
+                   for t in flat)
+
+    def _no(self, func, why: str) -> None:
+        """No entry for this op; the reason is kept for the report and for tests."""
+        self.why = f"{func}: {why}"
+        return None
+
+    def _record(self, func, args, kwargs, route, leaves):
+        """Run the op's route as dispatch would (but for `after_op`, the caller's), and describe
+        its effect as an Entry (None if it did something a trace cannot replay)."""
+        g = PENDING.graph
+        stream = PENDING
+        ex = self.ex
+        slots, slot_of = self.slots, self.slot_of
+        n0, s0, i0, t0 = len(g.nodes), len(g.scalars), len(g.inputs), len(g.storages)
+        r0 = len(g.reads)
+        k0 = len(slots)
+        m = METRICS
+        decomposed = dict(m.decompositions_replayed)
+        probe = (m.execute_calls, sum(m.cpu_fallbacks.values()), sum(m.host_syncs.values()), rng.counter(),
+                 len(ex.fresh.storages), m.ops_recorded)
+        ok = True
+        pat = []
+        before = []  # (tensor, its storage, lid, lay, and the storage's state) per tensor argument
+        state = {}  # slot -> (graph, ref, value) before the op
+        for a in leaves:
+            t = type(a)
+            if t is TpuTensor:
+                st = a._st
+                before.append((a, st, a._lid, a._lay, st.graph, st.ref, st.value))
+                k = slot_of.get(id(st))
+                if k is not None:
+                    if st.graph is g:
+                        pat.append((_S, k, a._lid, a._lay, st.ref))
+                    elif st.graph is None and st.value is not None:
+                        pat.append((_S, k, a._lid, a._lay, None))
+                    else:
+                        ok = False
+                elif st.graph is None and st.value is not None and st.error is None:
+                    pat.append((_N, a._lid, a._lay, st.shape, st.dtype, g.input_pos.get(id(st.value))))
+                    k = slot_of[id(st)] = len(slots)
+                    slots.append(st)
+                else:
+                    ok = False
+                if k is not None and k not in state:
+                    state[k] = (st.graph, st.ref, st.value)
+            elif t is float or t in _PLAIN or t is tuple or a is list or a is tuple or a is dict:  # tuple: kwargs
+                pat.append(_value_item(a))
+            else:  # another tensor, a generator, a type object: values a trace cannot hold
+                pat.append(None)
+                ok = False
+        CALL.depth = 1
+        try:
+            out = route(func, args, kwargs)
+        finally:
+            CALL.depth = 0
+        if stream.graph is not g:
+            return out, self._no(func, "it flushed")
+        if self._untouched(g, (n0, s0, i0, t0, r0), before, out, probe):
+            e = Entry()
+            e.func, e.where, e.n0, e.s0, e.i0, e.run, e.shape = func, stream.where, n0, s0, i0, True, "run"
+            e.nodes, e.precision, e.push = (), None, None
+            return out, e
+        if not ok:
+            return out, self._no(func, "an argument a trace cannot hold (a CPU tensor, a generator, a value "
+                                       "made elsewhere)")
+        if probe[:-1] != (m.execute_calls, sum(m.cpu_fallbacks.values()), sum(m.host_syncs.values()),
+                          rng.counter(), len(ex.fresh.storages)):
+            return out, self._no(func, "it ran a program, fell back to the CPU, read the host or drew random numbers")
+        if any(a._st is not st or a._lid != lid or a._lay != lay for a, st, lid, lay, *_ in before):
+            return out, self._no(func, "it changed a tensor's metadata (an in-place view)")
+        n1 = len(g.nodes)
+        e = Entry()
+        e.func, e.where, e.n0, e.s0, e.i0, e.k0, e.pat = func, stream.where, n0, s0, i0, k0, pat
+        e.n_args, e.kw_names, e.serve, e.run = len(args), tuple(kwargs) if kwargs else None, None, False
+        e.cands, e.free = None, frozenset()
+        e.nodes, e.sig, e.scalars = g.nodes[n0:], g.sig[n0:], g.scalars[s0:]
+        by_value = {id(value): k for k, (_, _, value) in state.items() if value is not None}
+        e.inputs = []
+        for v, aval in zip(g.inputs[i0:], g.input_avals[i0:]):
+            k = by_value.get(id(v))
+            if k is None:
+                return out, self._no(func, "it made a graph input of its own (a constant)")
+            e.inputs.append((k, *aval))
+        e.reads = dict(list(g.reads.items())[r0:]) if len(g.reads) > r0 else None
+        lo = n0 << OUT_BITS
+        e.events = []
+        made = set()
+        for w in g.storages[t0:]:
+            st = w()
+            if st is None:
+                continue  # a temporary the op made and dropped
+            k = slot_of.get(id(st))
+            if k in state:  # an argument's storage, pending here from now on
+                e.events.append((k, None, None, st.ref))
+            elif k is None and st.graph is g and st.ref >= lo and st.copy_of is None:  # not a copying view's
+                e.events.append((None, st.shape, st.dtype, st.ref))
+                slot_of[id(st)] = len(slots)
+                slots.append(st)
+                made.add(id(st))
+            else:
+                return out, self._no(func, "it wrote a storage it was not given")
+        e.writes = []
+        for k, (graph, ref, value) in state.items():
+            st = slots[k]
+            if st.graph is not graph or st.ref != ref or st.value is not value:
+                if st.graph is not g or st.ref < lo:
+                    return out, self._no(func, "it replaced a storage's value")
+                e.writes.append((k, st.ref))
+        flat, spec = flatten_outputs(out)
+        if not _tensors_only(spec):
+            return out, self._no(func, "it returned a value that is not a tensor")
+        e.outs = []
+        held = set()
+        for t in flat:
+            if type(t) is not TpuTensor or t.is_inference():
+                return out, self._no(func, "it returned a tensor of another kind")
+            k = next((j for j, a in enumerate(leaves) if a is t), None)
+            if k is not None:
+                e.outs.append((None, k))
+                continue
+            k = slot_of.get(id(t._st))
+            if k is None:
+                return out, self._no(func, "it returned a tensor the step had not seen")
+            held.add(id(t._st))
+            size, stride, dtype = LAYOUTS[t._lid]
+            e.outs.append((k, k, size, stride, dtype, t._lid, t._lay))
+        if made - held:
+            return out, self._no(func, "it kept a value it made where no output holds it")
+        e.spec = spec
+        e.n_new = len(slots) - k0
+        e.push = ((func._df.fid << 32) ^ g.nodes[-1].op.shape_hash, n1 - n0) if n1 > n0 else None
+        e.n_rec = m.ops_recorded - probe[-1]
+        e.decomposed = [(name, n - decomposed.get(name, 0)) for name, n in m.decompositions_replayed.items()
+                        if n != decomposed.get(name, 0)]
+        e.precision = matmul_precision() if any(n.op.precision is not None for n in e.nodes) else None
+        e.shape = (func, n0, s0, i0, tuple(e.sig), len(e.scalars), tuple(e.inputs), tuple(e.events),
+                   tuple(e.writes), tuple(e.outs), e.spec, e.n_new,
+                   tuple(p if p is not None and p[0] in (_S, _N) else None for p in pat),
+                   None if e.reads is None else tuple(e.reads.items()))
+        return out, e

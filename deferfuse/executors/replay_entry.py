@@ -1,0 +1,107 @@
+"""A traced op (executors/replay.py): what one top-level op of a step did to the pending graph,
+the pattern its arguments had, and what changes between steps without changing that effect.
+
+A pattern has one item per leaf of the call's arguments, flattened with lists and tuples marked
+by their type and length: a value (`_V`), a float with the sign of its zero (`_F`), a tpu tensor
+whose storage the step saw before (`_S`: its slot and the ref it had, or None where it was
+concrete) or sees first (`_N`: its shape, dtype and graph input position), or None for an
+argument no trace can hold.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+_V, _F, _S, _N = range(4)  # pattern item kinds: a value, a float, a storage seen before, one seen first
+_PLAIN = frozenset({int, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format,
+                    torch.Size})
+_BAD = object()  # stands for an argument no trace can match (a type object)
+_copysign = math.copysign
+
+
+def _walk(seq, out: list) -> None:
+    for a in seq:
+        t = type(a)
+        if t is list or t is tuple:
+            out.append(t)
+            out.append(len(a))
+            _walk(a, out)
+        elif t is type:
+            out.append(_BAD)
+        else:
+            out.append(a)
+
+
+def _leaves(args, kwargs) -> list:
+    """The arguments flattened, lists and tuples marked by their type and length (a type object
+    among the arguments is `_BAD`, so the markers cannot be confused with one)."""
+    out: list = []
+    _walk(args, out)
+    if kwargs:
+        out.append(dict)
+        out.append(tuple(kwargs))
+        _walk(kwargs.values(), out)
+    return out
+
+
+class Entry:
+    """What one top-level op did to the pending graph, in refs and slots (a slot is a storage
+    the step has seen, numbered in the order it was first seen)."""
+
+    __slots__ = ("func", "where", "n0", "s0", "i0", "k0", "n_args", "kw_names", "serve", "run", "pat", "nodes", "sig",
+                 "scalars", "inputs", "reads", "events", "writes", "outs", "spec", "n_new", "push", "n_rec",
+                 "decomposed", "precision", "shape", "cands", "free")
+
+    def same_effect(self, other: "Entry") -> bool:
+        """Whether `other`, the same op recorded again, left the graph and the step's slots as
+        this one did (its scalars may differ: they are values, not structure)."""
+        return self.shape == other.shape
+
+    def learn(self, leaves: list, scalars: list) -> bool:
+        """The op was recorded again with other argument values and other scalars, to the same
+        effect: learn which arguments each changed scalar is (an optimizer's bias corrections,
+        a scheduled learning rate), so that later calls replay with them.
+
+        A scalar's sources are the number arguments equal to it in every call seen; where several
+        are (one bias correction per parameter, all equal), the compiled check requires them equal
+        still. Returns whether the entry learned anything to compile."""
+        if self.cands is False:
+            return False
+        old = self.scalars
+        cands = dict(self.cands or {})
+        for j, (a, b) in enumerate(zip(old, scalars)):
+            if j not in cands and _same(a, b):
+                continue
+            prev = cands.get(j)
+            if prev is None:
+                prev = [p for p, q in enumerate(self.pat) if q is not None and q[0] in (_V, _F) and _same(q[1], a)]
+            keep = tuple(p for p in prev if _same(leaves[p], b))
+            if not keep:
+                self.cands = False  # a scalar no argument gives: every call is recorded and checked
+                return False
+            cands[j] = keep
+        self.cands = cands
+        self.free = frozenset(p for ps in cands.values() for p in ps)
+        self.scalars = list(scalars)
+        self.pat = [q if q is None or q[0] not in (_V, _F) else _value_item(leaves[p]) for p, q in enumerate(self.pat)]
+        return True
+
+
+def _same(a, b) -> bool:
+    """Equal as a program's scalar: the same type and value, and the same sign of zero."""
+    return type(a) is type(b) and a == b and (type(a) is not float or a != 0.0
+                                              or _copysign(1.0, a) == _copysign(1.0, b))
+
+
+def _value_item(a):
+    return (_F, a, _copysign(1.0, a)) if type(a) is float else (_V, a, type(a))
+
+
+def _tensors_only(spec) -> bool:
+    """Whether an op's result, as flatten_outputs describes it, holds tensors (or None) only."""
+    if spec is None or spec == "t" or spec == "tlist":
+        return True
+    if spec[0] == "const":
+        return False
+    return all(_tensors_only(s) for _, _, s in spec[1])

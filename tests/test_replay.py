@@ -1,0 +1,256 @@
+"""DeferAndFuse feeds a training step from the trace of the step before (executors/replay.py).
+
+A replayed step must build the graph recording would have built: the same results as CPU, and no
+program compiled that recording would not compile. Every step that differs from its trace
+(another shape, another branch, a new sync point, other scalars, aliased arguments, random ops)
+is recorded from the first difference on, and still matches CPU in every mode.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import deferfuse
+from conftest import MODES, check_all_modes
+from deferfuse.config import CONFIG
+from deferfuse.executors.base import EagerMode
+from deferfuse.modes import EXECUTORS
+
+
+def _model(device):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.LayerNorm(8),
+                               torch.nn.Linear(8, 3)).to(device)
+
+
+def _loop(device, steps=6, extra=None, batch=lambda i: 5, clip=True):
+    """A small training loop with AdamW; `extra(i, model, x, loss)` may change step i. Returns the
+    losses, read after the loop, and the parameters."""
+    model = _model(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for i in range(steps):
+        x = torch.randn(batch(i), 6, generator=g).to(device)
+        t = torch.randint(0, 3, (batch(i),), generator=g).to(device)
+        loss = F.cross_entropy(model(x), t)
+        if extra is not None:
+            loss = extra(i, model, x, loss)
+        loss.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.detach())
+    return torch.stack(losses), [p.detach() for p in model.parameters()]
+
+
+def _replayed() -> int:
+    return deferfuse.metrics()["ops_replayed"]
+
+
+def test_a_loop_replays_its_steps_and_matches_cpu():
+    deferfuse.cache.clear()
+    EXECUTORS[EagerMode.DEFER_AND_FUSE].replay.forget()  # other tests' traces
+    cpu = _loop("cpu")
+    with deferfuse.mode():
+        got = _loop("tpu")
+        got = (got[0].cpu(), [p.cpu() for p in got[1]])
+    torch.testing.assert_close(got, cpu)
+    m = deferfuse.metrics()
+    # steps 1 and 2 are recorded (the first ends where no trace began, the second is traced);
+    # the other four are replayed, but for the ops run again as they are (the batch's copies
+    # to the device) and those recorded and checked (AdamW's bias corrections change each step)
+    (trace,) = EXECUTORS[EagerMode.DEFER_AND_FUSE].replay.traces.values()
+    assert len(trace) > 30
+    assert m["ops_replayed"] >= 4 * (len(trace) - 8), (m["ops_replayed"], len(trace))
+    assert m["flushes_by_cause"].get("optimizer_step") == 6  # each step cut before the op after it
+
+
+def test_a_replayed_step_builds_the_graph_recording_builds():
+    deferfuse.cache.clear()
+    CONFIG.replay, was = False, CONFIG.replay
+    try:
+        with deferfuse.mode():
+            off = _loop("tpu")[0].cpu()
+    finally:
+        CONFIG.replay = was
+    assert _replayed() == 0
+    deferfuse.reset_metrics()
+    with deferfuse.mode():
+        on = _loop("tpu")[0].cpu()
+    assert _replayed() > 0
+    # every flush found the program recording had compiled: the same graphs, node for node
+    assert deferfuse.metrics()["programs_compiled"] == 0
+    torch.testing.assert_close(on, off, rtol=0, atol=0)
+
+
+VARIANTS = {
+    # another shape from step 4 on
+    "shape": dict(batch=lambda i: 5 if i < 4 else 7),
+    # another branch every third step
+    "branch": dict(extra=lambda i, m, x, loss: loss + 0.1 * x.abs().mean() if i % 3 == 2 else loss),
+    # a new sync point inside step 3
+    "item": dict(extra=lambda i, m, x, loss: loss * (1.0 + 0.01 * (loss.item() > 0)) if i == 3 else loss),
+    # a Python scalar that changes every step: recorded again, checked, replayed on
+    "scalar": dict(extra=lambda i, m, x, loss: loss * (1.0 + 0.01 * i)),
+    # -0.0 and 0.0 are equal but not the same scalar
+    "signed_zero": dict(extra=lambda i, m, x, loss: loss + (1.0 / (x.sum() * 0.0 * (-1) ** i)).clamp(-1, 1)),
+    # an in-place view changes a tensor's metadata
+    "inplace_view": dict(extra=lambda i, m, x, loss: loss + x.clone().t_().sum() * 0.01),
+    # a step without clipping
+    "no_clip": dict(clip=False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_a_step_that_differs_is_recorded_and_matches_cpu(name):
+    check_all_modes(lambda d: _loop(d, steps=6, **VARIANTS[name]))
+
+
+def _aliased(device):
+    """An op that reads two storages in the traced steps and one storage twice later."""
+    model = _model(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(2)
+    outs = []
+    for i in range(6):
+        a = torch.randn(5, 6, generator=g).to(device)
+        b = torch.randn(5, 6, generator=g).to(device)
+        if i >= 4:
+            b = a  # the same storage where the trace had two
+        y = torch.add(a, b)
+        acc = a.clone()
+        acc.add_(b)  # a write into one argument that reads the other
+        loss = model(y + acc).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        outs.append(loss.detach())
+    return torch.stack(outs), [p.detach() for p in model.parameters()]
+
+
+def test_arguments_aliased_unlike_the_trace_are_recorded():
+    check_all_modes(_aliased)
+
+
+def _inputs_aliased(device):
+    """The trace reads two parameters; later steps pass one of them twice."""
+    torch.manual_seed(0)
+    w1 = torch.randn(4, 4).to(device).requires_grad_()
+    w2 = torch.randn(4, 4).to(device).requires_grad_()
+    opt = torch.optim.SGD([w1, w2], lr=0.1)
+    outs = []
+    for i in range(6):
+        x = torch.ones(3, 4, device=device) * (0.1 * i + 0.1)
+        second = w2 if i < 4 else w1
+        loss = (x @ w1 + x @ second).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        outs.append(loss.detach())
+    return torch.stack(outs), w1.detach(), w2.detach()
+
+
+def test_a_parameter_passed_twice_where_the_trace_had_two_is_recorded():
+    check_all_modes(_inputs_aliased)
+
+
+def test_random_ops_are_not_replayed_and_draw_fresh_numbers():
+    model = _model("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    masks = []
+    with deferfuse.mode():
+        for _ in range(5):
+            x = torch.ones(16, 6, device="tpu")
+            y = F.dropout(model(x), p=0.5, training=True)
+            y.sum().backward()
+            opt.step()
+            opt.zero_grad()
+            masks.append((y == 0).detach())
+        why = EXECUTORS[EagerMode.DEFER_AND_FUSE].replay.why
+        masks = [m.cpu() for m in masks]
+    assert all(not torch.equal(masks[i], masks[i + 1]) for i in range(4))
+    assert why is not None and "random" in why, why
+
+
+def test_a_replayed_step_rebuilds_nothing_when_the_loop_block_is_per_step():
+    """Each step in a block of its own (bench's runners): the block's exit flushes the step."""
+    deferfuse.cache.clear()
+    model = _model("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    x = torch.randn(5, 6).to("tpu")
+    for i in range(6):
+        with deferfuse.mode():
+            model(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    deferfuse.sync()
+    m = deferfuse.metrics()
+    assert m["ops_replayed"] > 0
+    assert m["programs_compiled"] == 2  # the optimizer's state and the step
+
+
+def test_changing_the_default_dtype_forgets_the_traces():
+    replay = EXECUTORS[EagerMode.DEFER_AND_FUSE].replay
+    with deferfuse.mode():
+        _loop("tpu", steps=3)
+    assert replay.traces
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert not replay.traces
+    finally:
+        torch.set_default_dtype(old)
+
+
+@pytest.mark.parametrize("mode", [m for m in MODES if m != "defer_and_fuse"])
+def test_strict_and_debug_never_replay(mode):
+    with deferfuse.mode(mode):
+        _loop("tpu", steps=4)
+    assert _replayed() == 0
+
+
+def _scheduled(device):
+    """A learning rate that a scheduler changes every other step: a scalar the replay learns to
+    read from the optimizer's arguments."""
+    model = _model(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    x = torch.randn(5, 6, generator=torch.Generator().manual_seed(3)).to(device)
+    losses = []
+    for _ in range(8):
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+        losses.append(loss.detach())
+    return torch.stack(losses), [p.detach() for p in model.parameters()]
+
+
+def test_a_scheduled_learning_rate_is_replayed_and_matches_cpu():
+    check_all_modes(_scheduled)
+
+
+def _uneven_steps(device):
+    """Two parameters whose AdamW step counts part at step 3 (one gets no gradient there): bias
+    corrections that were equal across the update's list, and are not any more."""
+    torch.manual_seed(0)
+    a = torch.randn(4, 4).to(device).requires_grad_()
+    b = torch.randn(4, 4).to(device).requires_grad_()
+    opt = torch.optim.AdamW([a, b], lr=0.1)
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(4)).to(device)
+    losses = []
+    for i in range(8):
+        loss = (x @ a).square().mean() + ((x @ b).square().mean() if i != 3 else 0.0)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.detach())
+    return torch.stack(losses), a.detach(), b.detach()
+
+
+def test_scalars_that_were_equal_and_part_are_recorded_and_match_cpu():
+    check_all_modes(_uneven_steps)

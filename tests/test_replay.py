@@ -254,3 +254,33 @@ def _uneven_steps(device):
 
 def test_scalars_that_were_equal_and_part_are_recorded_and_match_cpu():
     check_all_modes(_uneven_steps)
+
+
+def _train_in_block(steps=4):
+    """A loop whose mode block ends with its last step (nothing recorded after it), so the next
+    block's first step begins a traced step."""
+    model = _model("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(1)
+    with deferfuse.mode():
+        for _ in range(steps):
+            x = torch.randn(5, 6, generator=g).to("tpu")
+            model(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    return [p.detach().cpu() for p in model.parameters()]
+
+
+def test_a_new_loops_first_step_still_makes_its_optimizer_state_apart():
+    """The trace of the loop before (same code, same shapes) must not replay the new optimizer's
+    first step: its state's fills are made apart, and every step is one program."""
+    # one step a loop: the second loop's first step is traced (the first's begins no trace), and
+    # its trace, the state's fills in it, is the one the third loop's first step finds
+    for _ in range(2):
+        _train_in_block(steps=1)
+    deferfuse.reset_metrics()
+    _train_in_block(steps=1)
+    m = deferfuse.metrics()
+    assert m["flushes_by_cause"].get("optimizer_state") == 1, m["flushes_by_cause"]
+    assert m["programs_compiled"] == 0  # the loops before compiled the same programs
+    assert m["ops_replayed"] > 0

@@ -125,7 +125,8 @@ class StepReplay:
         e = self.entries[i] if i < len(self.entries) else None
         if (e is None or e.func is not func or g is not self.g or len(g.nodes) != e.n0 or len(g.scalars) != e.s0
                 or len(g.inputs) != e.i0 or (e.nodes and PENDING.where != e.where)
-                or (e.precision is not None and matmul_precision() != e.precision)):
+                or (e.precision is not None and matmul_precision() != e.precision)
+                or (e.fill and self.ex.fresh.in_step)):  # a fill inside a step may be state made apart
             self._leave(len(g.nodes))
             return self.trace(func, args, kwargs, route)
         if e.run:  # an op that leaves the graph alone runs again, and must still leave it alone
@@ -165,8 +166,12 @@ class StepReplay:
         if g is not self.g or len(g.nodes) != (last.n0 + len(last.nodes) if last else 0):
             self.stop()  # something recorded outside an op (a compiled graph's node): untraceable
             return self._plain(func, args, kwargs, route)
+        fresh = self.ex.fresh
+        held = len(fresh.storages)
         out, e = self._record(func, args, kwargs, route, _leaves(args, kwargs))
         self.ex.after_op(func, out)
+        if len(fresh.storages) != held:  # an optimizer's new state, to be made apart: not a step's op
+            e = self._no(func, "it made an optimizer's state")
         self._traced(e)
         return out
 
@@ -287,7 +292,7 @@ class StepReplay:
         if self._untouched(g, (n0, s0, i0, t0, r0), before, out, probe):
             e = Entry()
             e.func, e.where, e.n0, e.s0, e.i0, e.run, e.shape = func, stream.where, n0, s0, i0, True, "run"
-            e.nodes, e.precision, e.push = (), None, None
+            e.nodes, e.precision, e.push, e.fill = (), None, None, False
             return out, e
         if not ok:
             return out, self._no(func, "an argument a trace cannot hold (a CPU tensor, a generator, a value "
@@ -362,6 +367,7 @@ class StepReplay:
         e.decomposed = [(name, n - decomposed.get(name, 0)) for name, n in m.decompositions_replayed.items()
                         if n != decomposed.get(name, 0)]
         e.precision = matmul_precision() if any(n.op.precision is not None for n in e.nodes) else None
+        e.fill = any(n.op.family == "creation" for n in e.nodes)
         e.shape = (func, n0, s0, i0, tuple(e.sig), len(e.scalars), tuple(e.inputs), tuple(e.events),
                    tuple(e.writes), tuple(e.outs), e.spec, e.n_new,
                    tuple(p if p is not None and p[0] in (_S, _N) else None for p in pat),

@@ -51,7 +51,7 @@ class Entry:
 
     __slots__ = ("func", "where", "n0", "s0", "i0", "k0", "n_args", "kw_names", "serve", "run", "pat", "nodes", "sig",
                  "scalars", "inputs", "reads", "events", "writes", "outs", "spec", "n_new", "push", "n_rec",
-                 "decomposed", "precision", "shape", "cands", "free")
+                 "decomposed", "precision", "fill", "shape", "cands", "free")
 
     def same_effect(self, other: "Entry") -> bool:
         """Whether `other`, the same op recorded again, left the graph and the step's slots as

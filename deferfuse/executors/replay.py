@@ -91,6 +91,9 @@ class StepReplay:
         step's always, a part of one (cut short by a sync point) unless a longer trace is kept."""
         entries = self.entries[: self.i] if self.replaying else self.entries
         if self.g is not None and entries:
+            last = entries[-1]
+            if PENDING.graph is not self.g or len(self.g.nodes) != last.n0 + len(last.nodes):
+                whole = False  # recorded into outside the ops traced (a compiled graph's node), or flushed
             kind = (entries[0].func, entries[0].where)
             old = self.traces.pop(kind, None)
             if not whole and old is not None and len(old) > len(entries):

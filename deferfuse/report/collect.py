@@ -40,6 +40,7 @@ def _summary(m: dict, n_recompiles: int | None) -> dict[str, Any]:
     hits, misses = m.get("cache_hits", 0), m.get("cache_misses", 0)
     return {
         "ops_recorded": m.get("ops_recorded", 0),
+        "ops_replayed": m.get("ops_replayed", 0),
         "flushes": m.get("flushes", sum(m.get("flushes_by_cause", {}).values())),
         "programs_compiled": misses,
         "cache_hits": hits,

@@ -98,7 +98,8 @@ def render(rep: dict[str, Any], top: int = 5, color: bool = False) -> str:
 
     lines.append(f"{b}Summary{r}")
     lines.append(
-        f"  {s['ops_recorded']} ops recorded, {s['flushes']} flushes, {s['programs_compiled']} programs compiled, "
+        f"  {s['ops_recorded']} ops recorded ({s.get('ops_replayed', 0)} of the calls replayed from a step's trace), "
+        f"{s['flushes']} flushes, {s['programs_compiled']} programs compiled, "
         f"{s['cache_hits']} cache hits ({pct(s['cache_hit_rate'])} hit rate), {s['cpu_fallbacks']} CPU fallbacks"
     )
     disk_hits, disk_misses = s.get("persistent_cache_hits", 0), s.get("persistent_cache_misses", 0)

@@ -209,3 +209,14 @@ def test_host_floor_serves_every_op_of_a_step_from_its_trace():
             torch.ones(2).to("tpu") + 1
     finally:
         server.use(server.real)
+
+
+def test_replay_ab_times_both_sides_and_the_replay_serves_the_step():
+    """bench/replay_ab.py: both models step in every block, and the replayed one is fed from its
+    trace: every top-level call of the gpt host step after the warm-up."""
+    import replay_ab
+
+    res = replay_ab.measure(blocks=2, steps=2)
+    assert all(len(v) == 2 and min(v) > 0 for v in res["times"].values())
+    assert res["replayed_per_step"] > 200, res["replayed_per_step"]
+    assert "| thread |" in replay_ab.render(res)

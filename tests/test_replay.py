@@ -62,9 +62,10 @@ def test_a_loop_replays_its_steps_and_matches_cpu():
     # steps 1 and 2 are recorded (the first ends where no trace began, the second is traced);
     # the other four are replayed, but for the ops run again as they are (the batch's copies
     # to the device) and those recorded and checked (AdamW's bias corrections change each step)
-    (trace,) = EXECUTORS[EagerMode.DEFER_AND_FUSE].replay.traces.values()
-    assert len(trace) > 30
-    assert m["ops_replayed"] >= 4 * (len(trace) - 8), (m["ops_replayed"], len(trace))
+    # (the step is 44 top-level calls: its forward, backward, clipping and AdamW's foreach calls)
+    steady = EXECUTORS[EagerMode.DEFER_AND_FUSE].replay.traces.values()
+    assert any(len(t) == 44 for t in steady), [len(t) for t in steady]
+    assert m["ops_replayed"] >= 4 * (44 - 8), m["ops_replayed"]
     assert m["flushes_by_cause"].get("optimizer_step") == 6  # each step cut before the op after it
 
 

@@ -84,7 +84,7 @@ class StepReplay:
         """The optimizer's step() returned: what this step did becomes the trace of its kind."""
         self._arm(whole=True)
         self._clear()
-        self.due = CONFIG.replay
+        self.due = True  # begin() asks CONFIG.replay, so that turning it on takes effect at the next step
 
     def _arm(self, whole: bool) -> None:
         """Keep what this step did so far as the trace of steps that begin as it did: a whole

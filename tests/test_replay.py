@@ -17,6 +17,10 @@ from deferfuse.config import CONFIG
 from deferfuse.executors.base import EagerMode
 from deferfuse.modes import EXECUTORS
 
+pytestmark = pytest.mark.tpu_tolerance(
+    times=8, why="six AdamW steps through bf16-pass matmuls: up to 4.0e-5 absolute on a loss of 1.38 at 81c49bc, 3.4 "
+                 "times the CPU tolerance, in Strict first (which never replays)")
+
 
 def _model(device):
     torch.manual_seed(0)

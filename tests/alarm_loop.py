@@ -107,9 +107,11 @@ with deferfuse.mode(mode):
             counts[op] += 1
     for trial in range(trials):
         armed = True
-        # anywhere: over about one iteration, so that every part of it is hit
-        signal.setitimer(signal.ITIMER_REAL, rng.uniform(0.00005, 0.012 if anywhere else 0.002))
         try:
+            # anywhere: over about one iteration, so that every part of it is hit. Inside the try:
+            # the previous trial's re-armed timer (alarm's) may fire here on a loaded machine,
+            # now that the trial is armed, and its interrupt is this trial's
+            signal.setitimer(signal.ITIMER_REAL, rng.uniform(0.00005, 0.012 if anywhere else 0.002))
             while True:
                 for op in step(*state):
                     counts[op] += 1

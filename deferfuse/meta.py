@@ -306,6 +306,8 @@ def flatten_outputs(out) -> tuple[list, Any]:
 
 
 def unflatten_outputs(leaves: list, spec):
+    """The result `flatten_outputs` described; a namedtuple (a decomposition's result) takes its
+    items as arguments, a tuple or list one iterable."""
     if spec == "t":
         return leaves[0]
     if spec == "tlist":
@@ -315,7 +317,8 @@ def unflatten_outputs(leaves: list, spec):
     if spec[0] == "const":
         return spec[1]
     typ, parts = spec
-    return typ(unflatten_outputs(leaves[lo : lo + n], s) for lo, n, s in parts)
+    items = [unflatten_outputs(leaves[lo : lo + n], s) for lo, n, s in parts]
+    return typ(*items) if hasattr(typ, "_fields") else typ(items)
 
 
 def numel(size) -> int:

@@ -17,6 +17,7 @@ import math
 import weakref
 
 from ..events import METRICS
+from ..meta import unflatten_outputs
 from ..tensor import Storage, TpuTensor, new_tensor
 from .replay_entry import _F, _N, _S, _V
 
@@ -30,23 +31,9 @@ def _undo(g, i0: int) -> None:
     del g.inputs[i0:], g.input_avals[i0:]
 
 
-def _unflatten(leaves: list, spec):
-    """meta.unflatten_outputs, for results made by the route itself: a namedtuple (a
-    decomposition's result) takes its items as arguments, not as one iterable."""
-    if spec == "t":
-        return leaves[0]
-    if spec == "tlist":
-        return list(leaves)
-    if spec is None:
-        return None
-    typ, parts = spec
-    items = [_unflatten(leaves[lo:lo + n], s) for lo, n, s in parts]
-    return typ(*items) if hasattr(typ, "_fields") else typ(items)
-
-
 def compile_entry(e):
     ns = {"MISS": MISS, "TT": TpuTensor, "copysign": math.copysign, "Storage": Storage, "wr": weakref.ref,
-          "new_tensor": new_tensor, "unflatten": _unflatten, "METRICS": METRICS, "undo": _undo}
+          "new_tensor": new_tensor, "unflatten": unflatten_outputs, "METRICS": METRICS, "undo": _undo}
     lines: list[str] = []
     consts: list = []
 

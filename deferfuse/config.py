@@ -115,6 +115,9 @@ class Config:
     cache_dir: str | None = field(default_factory=lambda: _cache_dir("DEFERFUSE_CACHE_DIR"))
     # Its size cap in MB: past it the least recently used programs are evicted.
     cache_max_mb: int = field(default_factory=lambda: _int("DEFERFUSE_CACHE_MAX_MB", 2048))
+    # Trace every program loaded from deferfuse's own store anyway and raise if it differs from the
+    # one stored (cache/stored.py): what the tests run to prove the store's keys complete.
+    cache_verify: bool = field(default_factory=lambda: _flag("DEFERFUSE_CACHE_VERIFY", False))
     # Optimisation fuel: at most this many ops may be fused into programs with others; the rest
     # run one op per program. Bisecting on it isolates a fusion that changes a result.
     fusion_fuel: int | None = field(

@@ -54,6 +54,8 @@ class Metrics:
     # XLA compiles that asked the persistent (on-disk) cache, and how many it answered
     persistent_lookups: int = 0
     persistent_hits: int = 0
+    # of those hits, programs deferfuse's own store served without tracing them (cache/stored.py)
+    programs_loaded: int = 0
     # torch.compile(backend="tpu"): graphs handed to the backend, and calls of compiled graphs
     compiled_graphs: int = 0
     compiled_calls: int = 0
@@ -96,6 +98,7 @@ class Metrics:
             "cache_resets": self.cache_resets,
             "persistent_cache_hits": self.persistent_hits,
             "persistent_cache_misses": self.persistent_lookups - self.persistent_hits,
+            "programs_loaded": self.programs_loaded,
             "compiled_graphs": self.compiled_graphs,
             "compiled_calls": self.compiled_calls,
         }

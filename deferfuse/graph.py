@@ -15,6 +15,8 @@ from __future__ import annotations
 import weakref
 from typing import Any, Callable, NamedTuple
 
+from .interned import OpId
+
 OUT_BITS = 12  # outputs per node; a ref is (node << OUT_BITS) | output, inputs are negative
 
 
@@ -40,7 +42,7 @@ class Op:
         self.n_scalars = n_scalars
         self.host = host
         self.family = family
-        self.id = len(Op._interned)
+        self.id = OpId(len(Op._interned))
         # the period detector's view of an op's result: its first output's shape (worked out
         # once here rather than hashed per recorded op)
         self.shape_hash = hash(out_avals[0][0]) if out_avals else 0

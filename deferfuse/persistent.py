@@ -4,7 +4,8 @@ A process compiles every program it meets anew, and on our machines that is most
 run's time (the GPT demo: about two thirds of it). JAX's own persistent compilation cache keeps
 each executable on disk under a hash of the whole program, the backend and its version, the
 compile options and XLA's flags; deferfuse turns it on by default, as a user expects of a JIT
-whose compiles take seconds:
+whose compiles take seconds, and keeps its own programs in the same folder under its own keys
+(cache/stored.py), which a warm run finds without tracing:
 
 - under `$XDG_CACHE_HOME/deferfuse` or `~/.cache/deferfuse` (DEFERFUSE_CACHE_DIR elsewhere; empty
   or 0 turns it off), in a folder per jax, jaxlib and deferfuse version, so an upgrade never even
@@ -66,6 +67,7 @@ def _private(path: str) -> bool:
 def configure() -> str | None:
     """Turn the cache on as CONFIG says; returns its folder, or None when it is off."""
     _listen_compiles()
+    _STORE.clear()
     root = CONFIG.cache_dir
     if not root:
         return None
@@ -91,10 +93,19 @@ def configure() -> str | None:
 
 def _install(store: "Store") -> None:
     """Make `store` the cache JAX reads and writes (its module-level slot; JAX fills it with its
-    own LRUCache on first use otherwise)."""
+    own LRUCache on first use otherwise), and the one deferfuse keeps its own programs in."""
     with jcc._cache_initialized_mutex:
         jcc._cache = store
         jcc._cache_initialized = True
+    _STORE[:] = [store]
+
+
+def store() -> "Store | None":
+    """The folder's store while the cache is on (configure), else None."""
+    return _STORE[0] if _STORE else None
+
+
+_STORE: list = []
 
 
 class Store(CacheInterface):

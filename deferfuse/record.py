@@ -17,6 +17,7 @@ from . import cache, device_dtypes, dtypes, pending, rng, views
 from .events import METRICS
 from .graph import Op
 from .lowered_op import make_lowered_op
+from .interned import FUNCS, func_id
 from .lowering import LOWERINGS
 from .meta import T, ArgSpec, Placeholder, flatten_outputs, meta_args, run_meta, template, unflatten_outputs
 from .precision import XLA_NAMES
@@ -25,7 +26,6 @@ from .tensor import Storage, layout_id, new_tensor, phys_layout
 
 aten = torch.ops.aten
 
-_FUNC_IDS: list = []  # fid -> func
 RECIPES: dict[tuple, "Recipe"] = {}
 # a contraction's recipes, per float32 matmul precision (routes.lowered.route_contracting)
 CONTRACTIONS: dict[str, dict[tuple, "Recipe"]] = {p: {} for p in XLA_NAMES}
@@ -62,8 +62,7 @@ class FuncInfo:
     __slots__ = ("route", "spec", "fid", "whole", "whole_n", "variant")
 
     def __init__(self, func):
-        self.fid = len(_FUNC_IDS)
-        _FUNC_IDS.append(func)
+        self.fid = func_id(func)
         self.spec = None
         self.route = None
         self.variant = None  # how a mutating overload maps to its functional op (variants.py)
@@ -257,7 +256,7 @@ def forget_recipes() -> None:
     RECIPES.clear()
     for recipes in CONTRACTIONS.values():
         recipes.clear()
-    for func in _FUNC_IDS:
+    for func in FUNCS:
         func._df.whole = {}
 
 

@@ -20,24 +20,10 @@ from torch._tensor_str import _add_suffixes, _tensor_str
 
 from .causes import Cause
 from . import backward, device_dtypes, dtypes, views
+from .interned import LAYOUTS, layout_id  # noqa: F401  (tensor's API since before interned.py)
 from .target import NAME, jax_device
 
 DEVICE = torch.device(NAME, 0)
-
-# Tensor layouts are interned to small ints: (size, stride, dtype) -> id. Op signatures use the
-# ids, which keeps the per-op cache key cheap to build and hash.
-_LAYOUT_IDS: dict[tuple, int] = {}
-LAYOUTS: list[tuple] = []
-
-
-def layout_id(size: tuple, stride: tuple, dtype: torch.dtype) -> int:
-    key = (size, stride, dtype)
-    i = _LAYOUT_IDS.get(key)
-    if i is None:
-        i = len(LAYOUTS)
-        _LAYOUT_IDS[key] = i
-        LAYOUTS.append(key)
-    return i
 
 
 class Storage:

@@ -118,13 +118,11 @@ def test_a_folder_others_may_write_is_not_used(tmp_path):
 
 
 def test_the_demo_run_twice_compiles_a_quarter_as_long_the_second_time(tmp_path):
-    """`./dev demo` twice on a fresh cache: the second run loads its programs (XLA's compile
-    seconds at most a quarter of the first run's: none compiles) and prints the same losses.
-
-    XLA's share, not `compile_seconds`: a program loaded from the cache is still traced and
-    lowered for JAX to find it, about a second each here, which `compile_seconds` counts. With the
-    demo compiling two programs (first step, then every later one) rather than four, that share
-    is a third of a cold run's (2.4 s against 7.4 quiet), where it was a tenth."""
+    """`./dev demo` twice on a fresh cache: the second run loads its programs from deferfuse's own
+    store (cache/stored.py), so neither XLA nor the trace and lowering JAX's cache would need to
+    find them cost it time: its compile seconds, all of them, are at most a quarter of the first
+    run's, and it prints the same losses. (With JAX's cache alone the trace and lowering were
+    about a second a program here, a third of a cold run's compile seconds.)"""
     def demo():
         out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "gpt_train.py"), "--steps", "6",
                               "--log-every", "2"], capture_output=True, text=True, timeout=600, cwd=ROOT,
@@ -138,5 +136,5 @@ def test_the_demo_run_twice_compiles_a_quarter_as_long_the_second_time(tmp_path)
     second_losses, second = demo()
     assert len(first_losses) == 4 and second_losses == first_losses
     assert first["persistent_cache_hits"] == 0 and second["persistent_cache_misses"] == 0
-    assert second["xla_compile_seconds"] <= 0.25 * first["xla_compile_seconds"], (first, second)
-    assert second["compile_seconds"] < first["compile_seconds"], (first, second)
+    assert second["xla_compile_seconds"] == 0, (first, second)
+    assert second["compile_seconds"] <= 0.25 * first["compile_seconds"], (first, second)

@@ -5,7 +5,9 @@ graph (networkx) and XLA compile (`plans.py`); the resulting plan is kept under 
 programs run donating what they may (`runtime.py`). A Strict op and a one-op DeferAndFuse group
 with the same signature are the same entry.
 
-Tier 3 (persistent, across processes) is JAX's own compilation cache (persistent.py).
+Tier 3 (persistent, across processes) is a folder on disk (persistent.py) holding deferfuse's own
+store of programs under its keys (stored.py), which a warm run loads without tracing, and JAX's
+compilation cache, which finds a program by its lowered text.
 """
 from __future__ import annotations
 

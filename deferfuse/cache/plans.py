@@ -12,6 +12,7 @@ from ..config import CONFIG
 from ..events import METRICS
 from ..graph import OUT_BITS, Graph
 from ..target import jax_device
+from . import stored
 from .key import Key, group_key
 from .runtime import ONLY_THE_LIST, Compiled, nbytes
 
@@ -149,10 +150,10 @@ def build(g: Graph, out_refs: tuple, key: Key, block_ops: int | None = None) -> 
             n = nodes[i]
             scalar_ids.extend(range(n.scalar_lo, n.scalar_lo + n.op.n_scalars))
         gkey = group_key(g, grp)
-        fn, layout = _group_program(g, grp, scalar_ids, gkey)
+        fn, layout, name = _group_program(g, grp, scalar_ids, gkey)
         # held besides the step's input list: g.inputs holds the graph's inputs
         expect = [ONLY_THE_LIST + (r < 0) for r in grp.in_refs]
-        prog = _compiled(g, grp, gkey, fn, None, None, expect, layout)
+        prog = _compiled(g, grp, gkey, fn, None, None, expect, layout, name)
         plan.steps.append(Step(grp, prog, scalar_ids, [nodes[i].op.name for i in grp.nodes]))
     last: dict[int, int] = {}
     for si, step in enumerate(plan.steps):
@@ -171,8 +172,9 @@ _GROUP_PROGRAMS: dict[tuple, Any] = {}
 
 
 def _group_program(g: Graph, grp, scalar_ids, key: tuple | None = None) -> tuple:
-    """(jitted program, its scalar layout): the layout follows from the key, which holds the
-    Python type of every runtime scalar (program.scalar_layout)."""
+    """(jitted program, its scalar layout, its name in deferfuse's store or None): the layout
+    follows from the key, which holds the Python type of every runtime scalar
+    (program.scalar_layout)."""
     if key is None:
         key = group_key(g, grp)
     entry = _GROUP_PROGRAMS.get(key)
@@ -183,12 +185,17 @@ def _group_program(g: Graph, grp, scalar_ids, key: tuple | None = None) -> tuple
             fn = program.unpacking(fn, layout)
         ranks = _collective_ranks(g, grp)
         if ranks is None:
-            entry = _GROUP_PROGRAMS[key] = (target.jit(_rewritten(fn)), layout)
+            name = stored.program_key(g.nodes, grp.nodes, key[0], key[1], key[2], (layout, _rewrites()))
+            entry = _GROUP_PROGRAMS[key] = (target.jit(_rewritten(fn)), layout, name)
         else:  # it holds collectives (spmd_safe): the program runs on every process of their group
             entry = _GROUP_PROGRAMS[key] = (spmd.SpmdProgram(fn, spmd.mesh(ranks), [len(_aval(g, r)[0]) for r in grp.in_refs],
-                                                             [len(_aval(g, r)[0]) for r in grp.out_refs]), layout)
+                                                             [len(_aval(g, r)[0]) for r in grp.out_refs]), layout, None)
         METRICS.programs_built += 1
     return entry
+
+
+def _rewrites() -> bool:
+    return jax_device().platform == "cpu"
 
 
 def _rewritten(fn):
@@ -196,7 +203,7 @@ def _rewritten(fn):
     into matrix products is for XLA:CPU alone, which does not do it itself. Elsewhere the pass
     would only trace each program a second time: on a TPU host that is a second or more of every
     compile, and of every load from the persistent cache, which traces a program to find it."""
-    return passes.fold_transposes(fn) if jax_device().platform == "cpu" else fn
+    return passes.fold_transposes(fn) if _rewrites() else fn
 
 
 def _single_program(g: Graph, grp, out_refs: tuple) -> "Compiled":
@@ -204,7 +211,7 @@ def _single_program(g: Graph, grp, out_refs: tuple) -> "Compiled":
     grp.out_refs = [out_refs[k] for k in order]
     ids = [i for n in (g.nodes[i] for i in grp.nodes) for i in range(n.scalar_lo, n.scalar_lo + n.op.n_scalars)]
     key = group_key(g, grp)
-    fn, layout = _group_program(g, grp, ids, key)
+    fn, layout, name = _group_program(g, grp, ids, key)
     back = None
     if order != list(range(len(order))):
         back = [0] * len(order)
@@ -212,7 +219,7 @@ def _single_program(g: Graph, grp, out_refs: tuple) -> "Compiled":
             back[k] = pos
     if ids == list(range(len(g.scalars))):
         ids = None
-    return _compiled(g, grp, key, fn, ids, back, None, layout)
+    return _compiled(g, grp, key, fn, ids, back, None, layout, name)
 
 
 def _collective_ranks(g: Graph, grp) -> tuple | None:
@@ -230,11 +237,11 @@ def _aval(g: Graph, r: int) -> tuple:
     return g.nodes[r >> OUT_BITS].op.out_avals[r & ((1 << OUT_BITS) - 1)]
 
 
-def _compiled(g: Graph, grp, key: tuple, fn, ids, back, expect=None, layout=None) -> "Compiled":
+def _compiled(g: Graph, grp, key: tuple, fn, ids, back, expect=None, layout=None, name=None) -> "Compiled":
     """A group's program with the (shape, dtype) of its inputs and outputs as the arrays have
     them (the key's input avals name torch dtypes), which decide what may alias what."""
     c = Compiled(key, fn, ids, back, [_aval(g, r) for r in grp.in_refs], [_aval(g, r) for r in grp.out_refs], expect,
-                 layout)
+                 layout, name)
     if isinstance(fn, spmd.SpmdProgram):
         c.donors = []  # its global arrays are made per call: nothing to donate
     return c

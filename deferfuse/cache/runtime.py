@@ -10,7 +10,8 @@ import sys
 from typing import Any
 
 
-from .. import program, target
+from .. import program, spmd, target
+from . import stored
 from ..config import CONFIG
 from ..events import METRICS
 
@@ -28,11 +29,12 @@ class Compiled:
     """
 
     __slots__ = ("key", "fn", "ids", "pack", "back", "donors", "budget", "nbytes", "variants", "compiled",
-                 "in_avals", "out_avals")
+                 "in_avals", "out_avals", "stored")
 
-    def __init__(self, key, fn, ids, back, in_avals, out_avals, expect=None, layout=None):
+    def __init__(self, key, fn, ids, back, in_avals, out_avals, expect=None, layout=None, stored=None):
         self.key = key
         self.fn = fn
+        self.stored = stored  # the program's name in deferfuse's store on disk (stored.py), if it has one
         self.ids = ids
         # where the program's packed scalars are, as positions in the list the caller passes
         self.pack = None if layout is None else tuple(
@@ -56,9 +58,11 @@ class Compiled:
 
     def __call__(self, inputs, scalars):
         fn = self.fn
-        if fn not in _RAN:
-            self._first(fn)
-        return self._finish(fn(inputs, self._scalars(scalars)))
+        packed = self._scalars(scalars)
+        run = _RAN.get(fn)
+        if run is None:
+            run = self._first(fn, self.stored, (inputs, packed))
+        return self._finish(run(inputs, packed))
 
     def run(self, inputs, scalars, replaces=None):
         """Like calling it, donating what `donatable` finds. `replaces()` says which output is the
@@ -86,13 +90,15 @@ class Compiled:
         if not mask:
             return self(inputs, scalars)
         fn, give, kept, back = variant
-        if fn not in _RAN:
-            self._first(fn)
+        args = ([inputs[i] for i in kept], [inputs[i] for i in give], self._scalars(scalars))
+        run = _RAN.get(fn)
+        if run is None:
+            run = self._first(fn, _NAMES.get(fn), args)
         m = METRICS
         m.buffers_donated += len(mask)
         nbytes = self.nbytes
         m.bytes_donated += sum([nbytes[i] for i in mask])
-        outs = fn([inputs[i] for i in kept], [inputs[i] for i in give], self._scalars(scalars))
+        outs = run(*args)
         return outs if back is None else [outs[k] for k in back]
 
     def _prefer(self, replaces: dict[int, int]) -> bool:
@@ -122,7 +128,7 @@ class Compiled:
         first = set(paired)
         give = tuple(paired) + tuple(i for i in mask if i not in first)
         order = tuple(outs) + tuple(j for j in range(len(self.out_avals)) if j not in taken)
-        fn = _donating_variant(self.key, self.fn, give, order)
+        fn = _donating_variant(self.key, self.fn, give, order, self.stored)
         where = {j: p for p, j in enumerate(order)}
         final = [where[raw(k)] for k in range(len(order))]
         donated = set(give)
@@ -145,9 +151,12 @@ class Compiled:
                     out.append(i)
         return tuple(sorted(out))
 
-    def _first(self, fn) -> None:
-        _RAN.add(fn)
+    def _first(self, fn, name: str | None, args: tuple):
+        """What runs `fn` from now on (in every plan that shares it): its executable, compiled
+        here ahead of time or loaded from deferfuse's store under `name` (stored.py)."""
         self.compiled += 1
+        run = _RAN[fn] = fn if isinstance(fn, spmd.SpmdProgram) else stored.executable(name, fn, args)
+        return run
 
     def _scalars(self, scalars):
         pack = self.pack
@@ -161,9 +170,9 @@ class Compiled:
         return outs if back is None else [outs[k] for k in back]
 
 
-def _donating_variant(key: tuple, fn, give: tuple, order: tuple):
+def _donating_variant(key: tuple, fn, give: tuple, order: tuple, name: str | None = None):
     """The group program `fn` taking the inputs at `give` (in that order) as a second, donated
-    list, and returning its outputs in `order`."""
+    list, and returning its outputs in `order`; `name`: the stored name of `fn`."""
     variant = _DONATING.get((key, give, order))
     if variant is None:
         raw = fn.__wrapped__  # jax.jit keeps the traceable function
@@ -176,6 +185,8 @@ def _donating_variant(key: tuple, fn, give: tuple, order: tuple):
             return [outs[j] for j in order]
 
         variant = _DONATING[(key, give, order)] = target.jit(donating, donate_argnums=1)
+        if name is not None:
+            _NAMES[variant] = stored.variant_name(name, give, order)
         METRICS.programs_built += 1
     return variant
 
@@ -185,9 +196,10 @@ _refcount = sys.getrefcount
 ONLY_THE_LIST = 3  # the inputs list, the local name and getrefcount's argument
 _MAX_VARIANTS = 3  # donating variants per plan; past it a flush donates a subset already compiled
 _DONATING: dict[tuple, Any] = {}
-# Jitted programs that have run once, so compiled: a plan meeting a variant that has not costs
-# a compile on a cache hit, and is counted as one.
-_RAN: set = set()
+# Jitted programs that have run once, so compiled, and what runs them: a plan meeting a variant
+# that has not costs a compile on a cache hit, and is counted as one.
+_RAN: dict = {}
+_NAMES: dict = {}  # donating variant -> its stored name
 
 
 def nbytes(shape, dt) -> int:
@@ -213,3 +225,4 @@ def run_single(op, ins, scs) -> list:
 def clear() -> None:
     _DONATING.clear()
     _RAN.clear()
+    _NAMES.clear()

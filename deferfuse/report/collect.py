@@ -48,6 +48,7 @@ def _summary(m: dict, n_recompiles: int | None) -> dict[str, Any]:
         "cache_hit_rate": rate(hits, hits + misses),
         "persistent_cache_hits": m.get("persistent_cache_hits", 0),
         "persistent_cache_misses": m.get("persistent_cache_misses", 0),
+        "programs_loaded": m.get("programs_loaded", 0),
         "programs_executed": m.get("execute_calls", 0),
         "fusion_ratio": rate(m.get("ops_recorded", 0), m.get("execute_calls", 0)),
         "cpu_fallbacks": m.get("cpu_fallbacks_total", sum(m.get("cpu_fallbacks", {}).values())),

@@ -104,8 +104,9 @@ def render(rep: dict[str, Any], top: int = 5, color: bool = False) -> str:
     )
     disk_hits, disk_misses = s.get("persistent_cache_hits", 0), s.get("persistent_cache_misses", 0)
     if disk_hits or disk_misses:
-        lines.append(f"  XLA compiles: {disk_hits} loaded from the persistent cache, {disk_misses} compiled and written "
-                     "to it")
+        loaded = s.get("programs_loaded", 0)
+        lines.append(f"  XLA compiles: {disk_hits} loaded from the persistent cache ({loaded} of them without tracing: "
+                     f"deferfuse's own store), {disk_misses} compiled and written to it")
     ratio = "-" if s["fusion_ratio"] is None else f"{s['fusion_ratio']:.1f}"
     lines.append(
         f"  {s['programs_executed']} programs run: {ratio} ops per program; {mem['intermediates_skipped']} intermediates "

@@ -47,9 +47,12 @@ print(json.dumps({"losses": losses, "loaded": m["programs_loaded"], "hits": m["p
 """
 
 
+_PATH = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)  # a TPU host's torch is there
+
+
 def _run(cache_dir: str, code: str = _RUN, **env) -> dict:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
-                         env={**os.environ, "PYTHONPATH": ROOT, "DEFERFUSE_CACHE_DIR": cache_dir, **env})
+                         env={**os.environ, "PYTHONPATH": _PATH, "DEFERFUSE_CACHE_DIR": cache_dir, **env})
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.splitlines()[-1])
 
@@ -90,6 +93,29 @@ print(json.dumps({{"loaded": m["programs_loaded"], "hits": m["persistent_cache_h
 
 
 @pytest.mark.subprocess
+def test_a_program_jax_cache_served_is_not_stored_again(tmp_path):
+    """`|` on bools and `logical_or` lower alike: in Strict the second is a hit in JAX's cache
+    within the first process. An XLA:CPU executable serialized again after that load came back
+    without its nested functions, and the third process failed to run it."""
+    code = """
+import json, torch, deferfuse
+a = torch.tensor([True, False, True, False]).to("tpu")
+b = torch.tensor([1, 2, 3, 4]).to("tpu")
+outs = []
+with deferfuse.mode("strict"):
+    for k in range(3):
+        x = a | (b > k)
+        outs.append((x.logical_or(a) | (b > 2)).tolist())
+m = deferfuse.metrics()
+print(json.dumps({"outs": outs, "loaded": m["programs_loaded"], "hits": m["persistent_cache_hits"]}))
+"""
+    runs = [_run(str(tmp_path), code) for _ in range(3)]
+    assert runs[0]["hits"] > 0 and runs[0]["loaded"] == 0  # JAX's cache served one in the first process
+    assert runs[1]["loaded"] > 0 and runs[2] == runs[1]
+    assert all(r["outs"] == runs[0]["outs"] for r in runs)
+
+
+@pytest.mark.subprocess
 def test_verification_fails_a_key_that_misses_something(tmp_path):
     """A key that named every program alike would load the first program for the second: the
     check says so, where without it the second op would compute the first one's result."""
@@ -104,7 +130,7 @@ with deferfuse.mode("strict"):
     (x * 3).cpu()
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
-                         env={**os.environ, "PYTHONPATH": ROOT, "DEFERFUSE_CACHE_DIR": str(tmp_path),
+                         env={**os.environ, "PYTHONPATH": _PATH, "DEFERFUSE_CACHE_DIR": str(tmp_path),
                               "DEFERFUSE_CACHE_VERIFY": "1"})
     assert out.returncode != 0 and "DifferentProgram" in out.stderr and "is not the one tracing makes" in out.stderr
 

@@ -179,8 +179,12 @@ def executable(name: str | None, jitted, args: tuple) -> Callable:
                 _verify(jitted, args, digest, name)
             return exe
     lowered = jitted.lower(*args)
+    hits = METRICS.persistent_hits
     compiled = lowered.compile()
-    if store is not None:
+    # one JAX's cache loaded (a program of another key that lowers alike) is not stored again: an
+    # XLA:CPU executable serialized after a load comes back without its nested functions
+    # ("Function wrapped_or not found" when it runs)
+    if store is not None and METRICS.persistent_hits == hits:
         _save(store, entry, compiled, lowered)
     return compiled
 

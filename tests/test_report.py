@@ -461,3 +461,28 @@ def test_one_lines_different_ops_are_not_recompiles_in_strict():
     first = [e for e in compiles[: len(compiles) // 2]]
     assert len(compiles) >= 8 and not any(e.get("recompile") for e in first)
     assert all(e["why"]["what"] == "input" for e in compiles if e.get("recompile"))
+
+
+def test_the_report_says_where_and_why_steps_stop_replaying():
+    """A loop whose step reads `.item()` from its fourth step on: the replay stops there, and the
+    report names the call, its line and the reason."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(3, 4).to("tpu")
+
+    def loop():
+        with deferfuse.mode("defer_and_fuse"):
+            for step in range(6):
+                loss = model(x).square().mean()
+                if step >= 3:
+                    loss.item()  # a sync point the trace of the earlier steps does not have
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+
+    rep = deferfuse.explain(loop)
+    rp = rep["replay"]
+    assert rp["ops_replayed"] > 0
+    assert any("_local_scalar_dense" in s["op"] and "test_report.py" in s["where"] for s in rp["stops"]), rp
+    assert "Step replay" in text.render(rep)

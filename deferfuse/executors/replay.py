@@ -28,7 +28,7 @@ trace cannot name (a new input not among its arguments, a storage no output hold
 """
 from __future__ import annotations
 
-from .. import dtypes, rng
+from .. import dtypes, events, rng
 from ..config import CONFIG
 from ..events import METRICS
 from ..graph import OUT_BITS
@@ -130,6 +130,8 @@ class StepReplay:
                 or len(g.inputs) != e.i0 or (e.nodes and PENDING.where != e.where)
                 or (e.precision is not None and matmul_precision() != e.precision)
                 or (e.fill and self.ex.fresh.in_step)):  # a fill inside a step may be state made apart
+            if events.collecting():
+                self._stopped(func, _differs(e, func, g, self))
             self._leave(len(g.nodes))
             return self.trace(func, args, kwargs, route)
         if e.run:  # an op that leaves the graph alone runs again, and must still leave it alone
@@ -138,6 +140,8 @@ class StepReplay:
             if again is not None and again.run:
                 self.i = i + 1
                 return out
+            if again is not None and events.collecting():
+                self._stopped(func, "it changed the pending graph where the trace's call left it alone")
             self._leave(e.n0)
             self.ex.after_op(func, out)
             self._traced(again)
@@ -158,6 +162,8 @@ class StepReplay:
             if e.scalars != again.scalars and e.learn(leaves, again.scalars):
                 e.serve = None  # compiled again, the scalars now read from the arguments they come from
             return out
+        if again is not None and events.collecting():
+            self._stopped(func, "its arguments made other nodes than the trace's (another shape, dtype or value)")
         self._leave(e.n0)
         self.ex.after_op(func, out)
         self._traced(again)
@@ -167,7 +173,9 @@ class StepReplay:
         g = PENDING.graph
         last = self.entries[-1] if self.entries else None
         if g is not self.g or len(g.nodes) != (last.n0 + len(last.nodes) if last else 0):
-            self.stop()  # something recorded outside an op (a compiled graph's node): untraceable
+            # something recorded outside an op (a compiled graph's node): untraceable
+            self._stopped(func, "the pending graph was recorded into outside the traced calls, or flushed")
+            self.stop()
             return self._plain(func, args, kwargs, route)
         fresh = self.ex.fresh
         held = len(fresh.storages)
@@ -237,9 +245,15 @@ class StepReplay:
                    for t in flat)
 
     def _no(self, func, why: str) -> None:
-        """No entry for this op; the reason is kept for the report and for tests."""
-        self.why = f"{func}: {why}"
+        """No entry for this op: the trace ends here, for the reason given."""
+        self._stopped(func, why)
         return None
+
+    def _stopped(self, func, why: str) -> None:
+        """What ended a trace, or a replay, before its step did: kept for tests, and the report's
+        event (its step replay section says which calls stop steps from replaying, and why)."""
+        self.why = f"{func}: {why}"
+        events.emit("replay_stop", op=str(func), where=PENDING.where, why=why)
 
     def _record(self, func, args, kwargs, route, leaves):
         """Run the op's route as dispatch would (but for `after_op`, the caller's), and describe
@@ -291,7 +305,7 @@ class StepReplay:
         finally:
             CALL.depth = 0
         if stream.graph is not g:
-            return out, self._no(func, "it flushed")
+            return out, self._no(func, "it flushed the pending graph (a sync point: .item(), .cpu(), print)")
         if self._untouched(g, (n0, s0, i0, t0, r0), before, out, probe):
             e = Entry()
             e.func, e.where, e.n0, e.s0, e.i0, e.run, e.shape = func, stream.where, n0, s0, i0, True, "run"
@@ -376,3 +390,19 @@ class StepReplay:
                    tuple(p if p is not None and p[0] in (_S, _N) else None for p in pat),
                    None if e.reads is None else tuple(e.reads.items()))
         return out, e
+
+
+def _differs(e, func, g, replay) -> str:
+    """Why a call does not match the trace's entry at its place (for the report)."""
+    if e is None:
+        return "the step went on past the end of its trace"
+    if e.func is not func:
+        return f"the trace has {e.func} here"
+    if g is not replay.g or len(g.nodes) != e.n0 or len(g.scalars) != e.s0 or len(g.inputs) != e.i0:
+        return "the pending graph differs from the trace's here (something flushed or recorded outside the traced calls)"
+    if e.nodes and PENDING.where != e.where:
+        return "it was called from another line"
+    if e.precision is not None and matmul_precision() != e.precision:
+        return "another float32 matmul precision"
+    return "an optimizer's state is made inside the step"
+

@@ -284,6 +284,17 @@ def _fallbacks(fallbacks: list[dict], m: dict, loc: Locator) -> dict[str, Any]:
     return {"total": sum(counts.values()), "by_op": by_op, "by_source": rows, "by_source_omitted": omitted}
 
 
+def _replay(stops: list[dict], m: dict, loc: Locator) -> dict[str, Any]:
+    """DeferAndFuse's step replay: the calls it served, and where and why steps stopped replaying."""
+    sites: Counter = Counter()
+    for s in stops:
+        sites[(s["op"], loc(s.get("where"))["where"], s["why"])] += 1
+    rows = [{"op": op, "where": where, "why": why, "count": n}
+            for (op, where, why), n in sorted(sites.items(), key=lambda kv: (-kv[1], kv[0]))]
+    rows, omitted = capped(rows)
+    return {"ops_replayed": m.get("ops_replayed", 0), "stops": rows, "stops_omitted": omitted}
+
+
 def _memory(m: dict) -> dict[str, Any]:
     sk, skb = m.get("intermediates_skipped", 0), m.get("bytes_skipped", 0)
     mat, matb = m.get("outputs_materialized", 0), m.get("bytes_materialized", 0)
@@ -411,6 +422,7 @@ def build(
         "recompiles": rec,
         "fusion": _fusion(compiles, flushes, metrics, loc),
         "fallbacks": _fallbacks(by_kind["fallback"], metrics, loc),
+        "replay": _replay(by_kind["replay_stop"], metrics, loc),
         "memory": _memory(metrics),
         "compiled": _compiled(by_kind["compiled_graph"], metrics),
         "programs_by_time": _programs(compiles, flushes, loc),

@@ -173,6 +173,12 @@ def render(rep: dict[str, Any], top: int = 5, color: bool = False) -> str:
     else:
         lines.append(f"{b}CPU fallbacks{r}: none")
 
+    rp = rep.get("replay")
+    if rp and rp["stops"]:
+        lines.append(f"{b}Step replay{r}: {rp['ops_replayed']} calls replayed; where steps stopped replaying, and why")
+        lines += table(["op", "times", "source line", "why"],
+                       [[clip(x["op"], 40), x["count"], x["where"], clip(x["why"], 80)] for x in rp["stops"][:top]])
+
     co = rep.get("compiled")
     if co and (co["graphs"] or co["calls"]):
         lines.append(f"{b}torch.compile{r}: {co['graphs']} graphs, {co['calls']} compiled calls, "

@@ -30,12 +30,16 @@ class Op:
     """
 
     __slots__ = ("id", "name", "fn", "out_avals", "n_scalars", "host", "family", "key", "shape_hash", "precision",
-                 "__weakref__")
+                 "portable", "__weakref__")
     _interned: dict[Any, "Op"] = {}
 
-    def __init__(self, key, name, fn, out_avals, n_scalars, host=False, family="other", precision=None):
+    def __init__(self, key, name, fn, out_avals, n_scalars, host=False, family="other", precision=None,
+                 portable=True):
         self.key = key
         self.precision = precision
+        # whether its key and deferfuse's source decide fn (not so for a user's jax_op): programs
+        # holding it may be stored on disk (cache/stored.py)
+        self.portable = portable
         self.name = name
         self.fn = fn
         self.out_avals = out_avals

@@ -157,7 +157,8 @@ def make_lowered_op(func, key, low, tmpl, outs, n_scalars, spec, host=False, met
                 res = low.fn(*args, **kwargs)
         return finalize(name, res, outs)
 
-    return Op(key, name, fn, out_avals, n_scalars + (2 if use_rng else 0), family=low.family, precision=precision)
+    return Op(key, name, fn, out_avals, n_scalars + (2 if use_rng else 0), family=low.family, precision=precision,
+              portable=low.portable)
 
 
 def host_fn(func, tmpl, outs):

@@ -182,3 +182,15 @@ def test_static_floats_are_told_apart_to_the_bit():
         assert stored._canon(v, out)
         spelled.append(out[0])
     assert len(set(spelled)) == 5
+
+
+def test_a_jax_op_is_not_stored():
+    """A jax_op runs the user's function, which a later run may change under the same name: its
+    programs go through JAX's cache, which keys them by what they lower to."""
+    @deferfuse.jax_op("storetest::scaled")
+    def scaled(x):
+        return x * 3.0
+
+    x = torch.randn(4).to("tpu")
+    assert stored.op_token(_op_of(scaled, x)) is None
+    assert stored.op_token(_op_of(lambda t: t * 3.0, x)) is not None

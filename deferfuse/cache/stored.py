@@ -103,7 +103,7 @@ def op_token(op: Op) -> str | None:
     except KeyError:
         pass
     out: list[str] = [op.name, op.family, str(op.n_scalars), str(op.host), repr(op.precision)]
-    ok = _canon(op.key, out) and _canon([(tuple(s), np.dtype(d)) for s, d in op.out_avals], out)
+    ok = op.portable and _canon(op.key, out) and _canon([(tuple(s), np.dtype(d)) for s, d in op.out_avals], out)
     _OP_TOKENS[op] = token = "\x1f".join(out) if ok else None
     return token
 

@@ -34,6 +34,8 @@ Registering the same overload twice is an error at import.
 """
 from __future__ import annotations
 
+import sys
+
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -75,6 +77,10 @@ class Lowering:
     meta: Callable | None = None
     probe: str | None = "named"
     precision: bool = False
+    # deferfuse's own (a module of deferfuse.lowering), so fixed by deferfuse's source: programs
+    # holding it may be stored on disk under their key (cache/stored.py); a jax_op's runs the
+    # user's function, which may change between runs under the same name
+    portable: bool = False
 
 
 LOWERINGS: dict[Any, Lowering] = {}
@@ -111,13 +117,15 @@ def lowering(
     elif probe is not None and probe not in PROBES:
         raise ValueError(f"unknown probe {probe!r}")
     contracts = family in ("matmul", "conv") if precision is None else precision
+    # registered by a module of this package (a lowering family), not by jax_op or a user
+    portable = sys._getframe(1).f_globals.get("__name__", "").startswith(__package__ + ".")
 
     def register(fn):
         for op in ops:
             if op in LOWERINGS:
                 raise RuntimeError(f"deferfuse: {op} has two lowerings ({LOWERINGS[op].fn.__name__}, {fn.__name__})")
             LOWERINGS[op] = Lowering(op, fn, family, promote, promote_args, tuple(static), supports, rng, ctx, meta_fix,
-                                   tuple(runtime), meta, probe, contracts)
+                                   tuple(runtime), meta, probe, contracts, portable)
         return fn
 
     return register

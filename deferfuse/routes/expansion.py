@@ -142,12 +142,14 @@ def _composite(name: str, key, g, n0: int, in_refs: list, out):
     out_avals = [nodes[node_of(r)].op.out_avals[out_of(r)] for r in out_refs]
     # the precision of the contractions inside (all recorded by this one call, so at one setting)
     precision = next((n.op.precision for n in nodes[n0:n1] if n.op.precision is not None), None)
+    portable = all(n.op.portable for n in nodes[n0:n1])
 
     def make():
         def fn(ins, scs):
             return inner(ins, consts)
 
-        return Op(("expanded", key, precision), name, fn, out_avals, 0, family="expanded", precision=precision)
+        return Op(("expanded", key, precision), name, fn, out_avals, 0, family="expanded", precision=precision,
+                  portable=portable)
 
     op = Op.intern(("expanded", key, precision), make)
     return Recipe(op, outs, spec_out, False)

@@ -194,3 +194,27 @@ def test_a_jax_op_is_not_stored():
     x = torch.randn(4).to("tpu")
     assert stored.op_token(_op_of(scaled, x)) is None
     assert stored.op_token(_op_of(lambda t: t * 3.0, x)) is not None
+
+
+def test_a_jax_flag_changed_while_running_is_part_of_the_key():
+    """`jax.config.update` may come at any time (x64, the default matmul precision): a program
+    built after it is another program, in this process and on disk."""
+    import jax
+
+    from deferfuse.cache import plans
+
+    op = _op_of(lambda t: t.sum(0), torch.randn(4, 6).to("tpu"))
+    node = type("Node", (), {"op": op})()
+
+    def name() -> str:  # a one-op group: the op reads input 0
+        return stored.program_key([node], [0], ((op.id, (-1,)),), (0,), (((4, 6), torch.float32),),
+                                  (None, plans._rewrites()))
+
+    before = name()
+    old = jax.config.values["jax_default_matmul_precision"]
+    jax.config.update("jax_default_matmul_precision", "highest" if old != "highest" else "default")
+    try:
+        assert name() != before
+    finally:
+        jax.config.update("jax_default_matmul_precision", old)
+    assert name() == before

@@ -111,7 +111,7 @@ def op_token(op: Op) -> str | None:
 def program_key(nodes, group_nodes, rel_sig, outs, avals, layout) -> str | None:
     """The stored name of a group program (cache.group_key's parts), or None when one of its
     ops has no process-independent token."""
-    parts: list = [_environment()]
+    parts: list = [_environment(), _flags()]
     for i, (_, refs) in zip(group_nodes, rel_sig):
         token = op_token(nodes[i].op)
         if token is None:
@@ -137,15 +137,22 @@ def _dtype_name(d) -> str:
 
 @functools.cache
 def _environment() -> str:
-    """Everything outside a program's key that decides what tracing it makes."""
+    """What a process cannot change while it runs that decides what tracing a program makes."""
     dev = jax_device()
-    settings = {f.name: getattr(CONFIG, f.name) for f in dataclasses.fields(CONFIG) if f.name not in _NOT_IN_KEY}
-    flags = sorted((k, repr(v)) for k, v in jax.config.values.items() if k != "jax_compilation_cache_dir")
     return "\x1d".join(map(str, (
         _FORMAT, _source_digest(), torch.__version__, jax.__version__, jaxlib.__version__, np.__version__,
         dev.platform, dev.device_kind, dev.id, jax.process_index(), jax.process_count(),
-        os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", ""), sorted(settings.items()), flags,
+        os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", ""),
     )))
+
+
+def _flags() -> str:
+    """What may change while a process runs, read at each program's build: JAX's flags (x64,
+    the default matmul precision, the PRNG; `jax.config.update` at any time) and deferfuse's
+    settings."""
+    settings = [(f.name, getattr(CONFIG, f.name)) for f in dataclasses.fields(CONFIG) if f.name not in _NOT_IN_KEY]
+    flags = sorted((k, repr(v)) for k, v in jax.config.values.items() if k != "jax_compilation_cache_dir")
+    return repr((settings, flags))
 
 
 def _source_digest() -> str:

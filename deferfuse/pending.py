@@ -36,6 +36,9 @@ class Pending:
         self.captured = None  # the last captured flush (see capture.py)
         # where an optimizer's step() ended, while DeferAndFuse owes a cut before the next op
         self.cut_due = None
+        # called as a flush of recorded nodes begins, before it decides which values are live
+        # (the step replay lets go of the storages it holds: executors/replay.py)
+        self.before_flush: list = []
 
 
 PENDING = Pending()
@@ -225,6 +228,8 @@ def _flush(cause: str, where=None) -> list:
         return []
     if PENDING.flushing:
         raise RuntimeError("deferfuse internal error: re-entrant flush")
+    for hook in PENDING.before_flush:
+        hook()
     pushed = PENDING.pushed
     live: list = []
     refs: dict[int, int] = {}

@@ -289,3 +289,24 @@ def test_a_new_loops_first_step_still_makes_its_optimizer_state_apart():
     assert m["flushes_by_cause"].get("optimizer_state") == 1, m["flushes_by_cause"]
     assert m["programs_compiled"] == 0  # the loops before compiled the same programs
     assert m["ops_replayed"] > 0
+
+
+def test_a_sync_inside_a_step_writes_out_only_live_values(events):
+    """The ops after an optimizer's step are traced as the next step, and the trace holds every
+    storage it names; a sync point inside that step must still write out only the values
+    something holds (here the one sum), as it does outside a step."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with deferfuse.mode("defer_and_fuse"):
+        for _ in range(2):
+            model(torch.ones(3, 4).to("tpu")).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        x = torch.arange(8.0, device="tpu")
+        y = torch.exp(x * 2 + 1).sum()
+        del x
+        value = y.item()
+    flush = [e for e in events() if e["kind"] == "flush"][-1]
+    assert flush["outputs"] == 1, flush
+    assert value == pytest.approx(torch.exp(torch.arange(8.0) * 2 + 1).sum().item(), rel=1e-5)

@@ -53,6 +53,7 @@ class StepReplay:
         self.why = None  # why the last trace ended before its step did
         self._clear()
         dtypes.on_default_dtype_change(self.forget)  # the same calls then make other nodes
+        PENDING.before_flush.append(self._flushing)
 
     def _clear(self) -> None:
         self.g = None  # the graph the step records into
@@ -101,6 +102,14 @@ class StepReplay:
             self.traces[kind] = entries
             while len(self.traces) > _MAX_TRACES:
                 del self.traces[next(iter(self.traces))]
+
+    def _flushing(self) -> None:
+        """A flush inside a step (a sync point, a period cut) ends its trace before it runs, as
+        it would after: the storages the trace holds to name them would otherwise keep every
+        value of the step alive, and the flush would write out intermediates nothing else holds."""
+        if self.slots:
+            self.slots.clear()  # in place: an op being recorded holds the list
+            self.stop()
 
     def stop(self, arm: bool = True) -> None:
         """Record the rest of the step as usual, untraced; what was traced up to here is the

@@ -207,7 +207,7 @@ def test_a_jax_flag_changed_while_running_is_part_of_the_key():
     node = type("Node", (), {"op": op})()
 
     def name() -> str:  # a one-op group: the op reads input 0
-        return stored.program_key([node], [0], ((op.id, (-1,)),), (0,), (((4, 6), torch.float32),),
+        return stored.program_key([node], [0], (((op.id, (-1,)),), (0,), (((4, 6), torch.float32),)),
                                   (None, plans._rewrites()))
 
     before = name()

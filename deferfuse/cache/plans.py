@@ -185,7 +185,7 @@ def _group_program(g: Graph, grp, scalar_ids, key: tuple | None = None) -> tuple
             fn = program.unpacking(fn, layout)
         ranks = _collective_ranks(g, grp)
         if ranks is None:
-            name = stored.program_key(g.nodes, grp.nodes, key[0], key[1], key[2], (layout, _rewrites()))
+            name = stored.program_key(g.nodes, grp.nodes, key, (layout, _rewrites()))
             entry = _GROUP_PROGRAMS[key] = (target.jit(_rewritten(fn)), layout, name)
         else:  # it holds collectives (spmd_safe): the program runs on every process of their group
             entry = _GROUP_PROGRAMS[key] = (spmd.SpmdProgram(fn, spmd.mesh(ranks), [len(_aval(g, r)[0]) for r in grp.in_refs],

@@ -108,9 +108,11 @@ def op_token(op: Op) -> str | None:
     return token
 
 
-def program_key(nodes, group_nodes, rel_sig, outs, avals, layout) -> str | None:
-    """The stored name of a group program (cache.group_key's parts), or None when one of its
-    ops has no process-independent token."""
+def program_key(nodes, group_nodes, key: tuple, layout) -> str | None:
+    """The stored name of the group program of `group_nodes` (indices into `nodes`) whose
+    in-process key is `key` (cache.group_key), or None when one of its ops has no
+    process-independent token."""
+    rel_sig, outs, avals = key
     parts: list = [_environment(), _flags()]
     for i, (_, refs) in zip(group_nodes, rel_sig):
         token = op_token(nodes[i].op)
@@ -229,8 +231,4 @@ def _verify(jitted, args: tuple, digest: str, name: str) -> None:
     if now != digest:
         raise DifferentProgram(f"deferfuse: the stored program {name} is not the one tracing makes now: its key "
                                "leaves out something the trace depends on")
-
-
-def clear() -> None:
-    _OP_TOKENS.clear()
 

@@ -135,12 +135,9 @@ class StepReplay:
         i = self.i
         g = PENDING.graph
         e = self.entries[i] if i < len(self.entries) else None
-        if (e is None or e.func is not func or g is not self.g or len(g.nodes) != e.n0 or len(g.scalars) != e.s0
-                or len(g.inputs) != e.i0 or (e.nodes and PENDING.where != e.where)
-                or (e.precision is not None and matmul_precision() != e.precision)
-                or (e.fill and self.ex.fresh.in_step)):  # a fill inside a step may be state made apart
-            if events.collecting():
-                self._stopped(func, _differs(e, func, g, self))
+        differs = self._differs(e, func, g)
+        if differs is not None:
+            self._stopped(func, differs)
             self._leave(len(g.nodes))
             return self.trace(func, args, kwargs, route)
         if e.run:  # an op that leaves the graph alone runs again, and must still leave it alone
@@ -149,7 +146,7 @@ class StepReplay:
             if again is not None and again.run:
                 self.i = i + 1
                 return out
-            if again is not None and events.collecting():
+            if again is not None:
                 self._stopped(func, "it changed the pending graph where the trace's call left it alone")
             self._leave(e.n0)
             self.ex.after_op(func, out)
@@ -171,12 +168,30 @@ class StepReplay:
             if e.scalars != again.scalars and e.learn(leaves, again.scalars):
                 e.serve = None  # compiled again, the scalars now read from the arguments they come from
             return out
-        if again is not None and events.collecting():
+        if again is not None:
             self._stopped(func, "its arguments made other nodes than the trace's (another shape, dtype or value)")
         self._leave(e.n0)
         self.ex.after_op(func, out)
         self._traced(again)
         return out
+
+    def _differs(self, e, func, g) -> str | None:
+        """Why the call cannot be replayed from entry e, the trace's at its place (None: it can,
+        if its arguments match)."""
+        if e is None:
+            return "the step went on past the end of its trace"
+        if e.func is not func:
+            return f"the trace has {e.func} here"
+        if g is not self.g or len(g.nodes) != e.n0 or len(g.scalars) != e.s0 or len(g.inputs) != e.i0:
+            return ("the pending graph differs from the trace's here (something flushed or recorded outside the "
+                    "traced calls)")
+        if e.nodes and PENDING.where != e.where:
+            return "it was called from another line"
+        if e.precision is not None and matmul_precision() != e.precision:
+            return "another float32 matmul precision"
+        if e.fill and self.ex.fresh.in_step:  # a fill inside a step may be state made apart
+            return "an optimizer's state is made inside the step"
+        return None
 
     def trace(self, func, args, kwargs, route):
         g = PENDING.graph
@@ -399,19 +414,3 @@ class StepReplay:
                    tuple(p if p is not None and p[0] in (_S, _N) else None for p in pat),
                    None if e.reads is None else tuple(e.reads.items()))
         return out, e
-
-
-def _differs(e, func, g, replay) -> str:
-    """Why a call does not match the trace's entry at its place (for the report)."""
-    if e is None:
-        return "the step went on past the end of its trace"
-    if e.func is not func:
-        return f"the trace has {e.func} here"
-    if g is not replay.g or len(g.nodes) != e.n0 or len(g.scalars) != e.s0 or len(g.inputs) != e.i0:
-        return "the pending graph differs from the trace's here (something flushed or recorded outside the traced calls)"
-    if e.nodes and PENDING.where != e.where:
-        return "it was called from another line"
-    if e.precision is not None and matmul_precision() != e.precision:
-        return "another float32 matmul precision"
-    return "an optimizer's state is made inside the step"
-

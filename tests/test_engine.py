@@ -204,11 +204,15 @@ def test_cpu_fallback_can_be_an_error(monkeypatch):
 
 
 def test_recorded_fallback_splits_programs(events):
-    with deferfuse.mode():
-        x = torch.arange(6.0, device="tpu").reshape(2, 3) + 1
-        v, _ = torch.cummax(x * 2, dim=1)  # a host node in the middle of the graph
-        out = (v + 1).sum().item()
-    assert out == pytest.approx(float((torch.cummax((torch.arange(6.0).reshape(2, 3) + 1) * 2, 1).values + 1).sum()))
+    expected = float((torch.cummax((torch.arange(6.0).reshape(2, 3) + 1) * 2, 1).values + 1).sum())
+    # a signature's first fallback runs at once (its CPU kernel's own errors then surface at the
+    # user's line: routes/fallback.py); from its second call on it is recorded as a host node
+    for _ in range(2):
+        with deferfuse.mode():
+            x = torch.arange(6.0, device="tpu").reshape(2, 3) + 1
+            v, _ = torch.cummax(x * 2, dim=1)  # a host node in the middle of the graph
+            out = (v + 1).sum().item()
+        assert out == pytest.approx(expected)
     flush = [e for e in events() if e["kind"] == "flush"][-1]
     assert flush["groups"] >= 3  # device group, host op, device group
 

@@ -16,6 +16,7 @@ from conftest import MODES, check_all_modes
 from deferfuse.config import CONFIG
 from deferfuse.executors.base import EagerMode
 from deferfuse.modes import EXECUTORS
+from deferfuse.pending import PENDING
 
 pytestmark = pytest.mark.tpu_tolerance(
     times=8, why="six AdamW steps through bf16-pass matmuls: up to 4.0e-5 absolute on a loss of 1.38 at 81c49bc, 3.4 "
@@ -310,3 +311,28 @@ def test_a_sync_inside_a_step_writes_out_only_live_values(events):
     flush = [e for e in events() if e["kind"] == "flush"][-1]
     assert flush["outputs"] == 1, flush
     assert value == pytest.approx(torch.exp(torch.arange(8.0) * 2 + 1).sum().item(), rel=1e-5)
+
+
+def test_an_op_that_flushes_where_its_trace_did_not_is_recorded_and_matches_cpu():
+    """Step 4 copies a value to the host where the trace converted it on the device: the same op
+    (`_to_copy`), now a sync point. The replay ends at the flush, and the period detector is left
+    counting the new graph's nodes (it counted the old graph's, and the op after raised an
+    IndexError from the detector)."""
+    seen = []
+
+    def extra(i, model, x, loss):
+        z = x * 2.0
+        where = {"device": "cpu"} if i == 4 else {}
+        y = z.to(dtype=torch.float64, **where)  # one call site: the source line is the trace's
+        if x.device.type == "tpu":
+            seen.append((PENDING.pushed, len(PENDING.graph.nodes)))
+        return loss + y.sum().to(loss.device, loss.dtype) * 0.01
+
+    EXECUTORS[EagerMode.DEFER_AND_FUSE].replay.forget()
+    cpu = _loop("cpu", extra=extra)
+    with deferfuse.mode():
+        got = _loop("tpu", extra=extra)
+        got = (got[0].cpu(), [p.cpu() for p in got[1]])
+    torch.testing.assert_close(got, cpu)
+    assert deferfuse.metrics()["ops_replayed"] > 0
+    assert all(pushed <= n for pushed, n in seen), seen

@@ -227,7 +227,11 @@ class StepReplay:
 
     def _leave(self, n: int) -> None:
         """From replaying to tracing, at entry i, where the graph has n nodes: the period
-        detector is fed the ops it did not see, as they were recorded."""
+        detector is fed the ops it did not see, as they were recorded. Nothing to do where a
+        flush inside the op ended the trace (`_flushing`): the flush reset the detector, and its
+        count belongs to the new graph."""
+        if self.g is None:
+            return
         stream = PENDING
         period = stream.period
         for e in self.entries[: self.i]:

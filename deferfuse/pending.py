@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from torch._C._dynamo.eval_frame import set_eval_frame
 
-from . import cache, events, interrupts, sources, views
+from . import cache, events, interrupts, sources, target, views
 from .causes import NEW_GRAPH, ONE_OP
 from .config import CONFIG
 from .dtypes import to_jax_dtype
@@ -406,7 +406,21 @@ def block(storages, everything: bool = False) -> None:
         for a in jax_device().client.live_arrays():
             if not a.is_deleted():  # the client lists none that a program consumed; this keeps it so
                 a.block_until_ready()
+        # and the programs whose outputs all died: a device runs its programs in order, so one
+        # more program done means they are done, and their outputs' memory given back (a TPU
+        # frees a dead array's buffer only once the program that makes it has run, and
+        # `memory_allocated` after a sync would count it)
+        _barrier().block_until_ready()
     METRICS.sync_wait_seconds += time.perf_counter() - t0
+
+
+_BARRIER: list = []
+
+
+def _barrier() -> jax.Array:
+    if not _BARRIER:
+        _BARRIER.append(target.jit(lambda: jnp.zeros((), jnp.int8)))
+    return _BARRIER[0]()
 
 
 def concrete(t: TpuTensor, cause: str, where=None):

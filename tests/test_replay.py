@@ -99,6 +99,10 @@ VARIANTS = {
     "branch": dict(extra=lambda i, m, x, loss: loss + 0.1 * x.abs().mean() if i % 3 == 2 else loss),
     # a new sync point inside step 3
     "item": dict(extra=lambda i, m, x, loss: loss * (1.0 + 0.01 * (loss.item() > 0)) if i == 3 else loss),
+    # a sync point every step, before the optimizer's: the trace goes on past it
+    "item_every_step": dict(extra=lambda i, m, x, loss: loss * (2.0 if loss.item() > 0 else 1.0)),
+    # a sync point every step whose value takes the other branch from step 4 on
+    "branch_on_a_read": dict(extra=lambda i, m, x, loss: loss.exp() if bool((x.sum() > 0) == (i < 4)) else loss),
     # a Python scalar that changes every step: recorded again, checked, replayed on
     "scalar": dict(extra=lambda i, m, x, loss: loss * (1.0 + 0.01 * i)),
     # -0.0 and 0.0 are equal but not the same scalar
@@ -336,3 +340,29 @@ def test_an_op_that_flushes_where_its_trace_did_not_is_recorded_and_matches_cpu(
     torch.testing.assert_close(got, cpu)
     assert deferfuse.metrics()["ops_replayed"] > 0
     assert all(pushed <= n for pushed, n in seen), seen
+
+
+def test_a_step_with_a_sync_point_replays_past_it():
+    """`loss.item()` between backward and the optimizer's step (logging, a model's `if mask.all()`):
+    the flush ends a segment of the trace, not the trace; every step from the third replays all
+    its ops but the read itself, which runs again."""
+    def loop(device):
+        return _loop(device, extra=lambda i, m, x, loss: loss * (2.0 if loss.item() > 0 else 1.0))
+
+    EXECUTORS[EagerMode.DEFER_AND_FUSE].replay.forget()
+    cpu = loop("cpu")
+    deferfuse.reset_metrics()
+    with deferfuse.mode():
+        got = loop("tpu")
+        got = (got[0].cpu(), [p.cpu() for p in got[1]])
+    torch.testing.assert_close(got, cpu)
+    m = deferfuse.metrics()
+    trace = max(EXECUTORS[EagerMode.DEFER_AND_FUSE].replay.traces.values(), key=len)
+    syncs = [e.func for e in trace if e.sync]
+    assert syncs == [torch.ops.aten._local_scalar_dense.default], syncs
+    # the 44 calls of the loop's step, the read, the multiplication and its backward; steps 3 to
+    # 6 replay all but the read, the batch's copies and AdamW's bias corrections (recorded and
+    # checked)
+    assert len(trace) == 47, len(trace)
+    assert m["ops_replayed"] >= 4 * (47 - 1 - 8), m["ops_replayed"]
+    assert m["flushes_by_cause"]["item"] == 6

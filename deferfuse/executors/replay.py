@@ -21,8 +21,14 @@ bias corrections change every step) is recorded as usual and checked to have don
 says; the replay goes on after it. At the first real difference (another shape, another branch, a
 new sync point) the step is recorded from there on, as before, and its trace replaces the old one.
 
+A sync point inside a step (`loss.item()` before `optimizer.step()`, a model's `if mask.all():`)
+flushes the graph: the trace goes on past it, in the new graph, as a segment of its own with its
+own slots. The op that flushed runs again, as it is, at every replay (its value may change the
+step's branch, which the ops after it are checked for). Hugging Face models make one to three such
+reads per step, near its start: without segments almost none of their step replayed.
+
 What is traced is judged by its effects, not by a list of routes: an op is left out (and the
-trace ends there) if it flushed, ran a program, fell back to the CPU, drew random numbers, read
+trace ends there) if it flushed and recorded into the new graph, ran a program, fell back to the CPU, drew random numbers, read
 the host, changed a tensor's metadata, returned anything but tpu tensors, or left a value the
 trace cannot name (a new input not among its arguments, a storage no output holds).
 """
@@ -38,7 +44,7 @@ from ..precision import current as matmul_precision
 from ..record import CALL
 from ..tensor import LAYOUTS, TpuTensor
 from .replay_code import MISS, compile_entry
-from .replay_entry import _N, _PLAIN, _S, Entry, _leaves, _tensors_only, _value_item
+from .replay_entry import _N, _PLAIN, _S, _U, Entry, _leaves, _tensors_only, _value_item, untouched
 
 _MAX_TRACES = 4  # steps of different shapes a loop alternates between (two optimizers, eval steps)
 
@@ -63,6 +69,8 @@ class StepReplay:
         self.slots: list = []  # storages the step has seen
         self.slot_of: dict[int, int] = {}  # id(storage) -> slot, for the first `synced` slots
         self.synced = 0
+        self.seg = 0  # the first entry of the segment being traced or replayed (after the last sync)
+        self._in_op = False  # an op's route is running (`_record`): a flush now is that op's
         self.ex.serve = None
 
     def forget(self) -> None:
@@ -92,8 +100,7 @@ class StepReplay:
         step's always, a part of one (cut short by a sync point) unless a longer trace is kept."""
         entries = self.entries[: self.i] if self.replaying else self.entries
         if self.g is not None and entries:
-            last = entries[-1]
-            if PENDING.graph is not self.g or len(self.g.nodes) != last.n0 + len(last.nodes):
+            if PENDING.graph is not self.g or len(self.g.nodes) != _end(entries[-1]):
                 whole = False  # recorded into outside the ops traced (a compiled graph's node), or flushed
             kind = (entries[0].func, entries[0].where)
             old = self.traces.pop(kind, None)
@@ -104,11 +111,15 @@ class StepReplay:
                 del self.traces[next(iter(self.traces))]
 
     def _flushing(self) -> None:
-        """A flush inside a step (a sync point, a period cut) ends its trace before it runs, as
-        it would after: the storages the trace holds to name them would otherwise keep every
-        value of the step alive, and the flush would write out intermediates nothing else holds."""
-        if self.slots:
-            self.slots.clear()  # in place: an op being recorded holds the list
+        """A flush inside a step lets go of the storages the trace holds to name them, before it
+        runs: they would otherwise keep every value of the step alive, and the flush would write
+        out intermediates nothing else holds. One that an op of the step makes (a sync point)
+        ends the trace's segment (`_boundary`); any other (a period cut, `deferfuse.sync()`)
+        ends the trace."""
+        if self.g is None:
+            return
+        self.slots.clear()  # in place: an op being recorded holds the list
+        if not self._in_op:
             self.stop()
 
     def stop(self, arm: bool = True) -> None:
@@ -138,8 +149,20 @@ class StepReplay:
         differs = self._differs(e, func, g)
         if differs is not None:
             self._stopped(func, differs)
-            self._leave(len(g.nodes))
+            self._leave(len(g.nodes), g)
             return self.trace(func, args, kwargs, route)
+        if e.sync:  # a sync point runs again, as it is, and must flush again
+            self._sync_slots()
+            out, again = self._record(func, args, kwargs, route, _leaves(args, kwargs))
+            if again is not None and again.sync:
+                self.i = self.seg = i + 1
+                return out
+            if again is not None:
+                self._stopped(func, "it did not flush the pending graph where the trace's call did")
+            self._leave(e.n0, g)
+            self.ex.after_op(func, out)
+            self._traced(again)
+            return out
         if e.run:  # an op that leaves the graph alone runs again, and must still leave it alone
             self._sync_slots()
             out, again = self._record(func, args, kwargs, route, _leaves(args, kwargs))
@@ -148,7 +171,7 @@ class StepReplay:
                 return out
             if again is not None:
                 self._stopped(func, "it changed the pending graph where the trace's call left it alone")
-            self._leave(e.n0)
+            self._leave(e.n0, g)
             self.ex.after_op(func, out)
             self._traced(again)
             return out
@@ -170,7 +193,7 @@ class StepReplay:
             return out
         if again is not None:
             self._stopped(func, "its arguments made other nodes than the trace's (another shape, dtype or value)")
-        self._leave(e.n0)
+        self._leave(e.n0, g)
         self.ex.after_op(func, out)
         self._traced(again)
         return out
@@ -185,7 +208,7 @@ class StepReplay:
         if g is not self.g or len(g.nodes) != e.n0 or len(g.scalars) != e.s0 or len(g.inputs) != e.i0:
             return ("the pending graph differs from the trace's here (something flushed or recorded outside the "
                     "traced calls)")
-        if e.nodes and PENDING.where != e.where:
+        if (e.nodes or e.sync) and PENDING.where != e.where:
             return "it was called from another line"
         if e.precision is not None and matmul_precision() != e.precision:
             return "another float32 matmul precision"
@@ -196,7 +219,7 @@ class StepReplay:
     def trace(self, func, args, kwargs, route):
         g = PENDING.graph
         last = self.entries[-1] if self.entries else None
-        if g is not self.g or len(g.nodes) != (last.n0 + len(last.nodes) if last else 0):
+        if g is not self.g or len(g.nodes) != _end(last):
             # something recorded outside an op (a compiled graph's node): untraceable
             self._stopped(func, "the pending graph was recorded into outside the traced calls, or flushed")
             self.stop()
@@ -215,6 +238,8 @@ class StepReplay:
             self.stop()
         else:
             self.entries.append(e)
+            if e.sync:
+                self.seg = len(self.entries)
 
     def _plain(self, func, args, kwargs, route):
         CALL.depth = 1
@@ -225,19 +250,18 @@ class StepReplay:
         self.ex.after_op(func, out)
         return out
 
-    def _leave(self, n: int) -> None:
-        """From replaying to tracing, at entry i, where the graph has n nodes: the period
-        detector is fed the ops it did not see, as they were recorded. Nothing to do where a
-        flush inside the op ended the trace (`_flushing`): the flush reset the detector, and its
-        count belongs to the new graph."""
-        if self.g is None:
-            return
+    def _leave(self, n: int, g) -> None:
+        """From replaying to tracing, at entry i, where the graph g (the one the op began in)
+        has n nodes: the period detector is fed the segment's ops it did not see, as they were
+        recorded. Not where the op flushed: the flush reset the detector, and its count is the
+        new graph's."""
         stream = PENDING
-        period = stream.period
-        for e in self.entries[: self.i]:
-            if e.push is not None:
-                period.push(*e.push)
-        stream.pushed = n
+        if stream.graph is g:
+            period = stream.period
+            for e in self.entries[self.seg: self.i]:
+                if e.push is not None:
+                    period.push(*e.push)
+            stream.pushed = n
         self._sync_slots()
         self.entries = self.entries[: self.i]
         self.replaying = False
@@ -252,25 +276,20 @@ class StepReplay:
             slot_of[id(slots[k])] = k
         self.synced = len(slots)
 
-    def _untouched(self, g, sizes, before, out, probe) -> bool:
-        """Whether the op left the pending graph as it was (but for concrete values it wrote into
-        storages with nothing pending) and returned only concrete values of its own: a batch
-        copied to the device, a CPU fallback on concrete inputs, a host read of a concrete value.
-        A replay runs such an op again, as it is."""
-        if sizes != (len(g.nodes), len(g.scalars), len(g.inputs), len(g.storages), len(g.reads)):
-            return False
-        if len(self.ex.fresh.storages) != probe[4]:
-            return False
-        for a, st, lid, lay, graph, ref, value in before:
-            if a._st is not st or a._lid != lid or a._lay != lay:
-                return False
-            # a value copied in from the host (copy_ into a new buffer) replaces no pending one
-            if graph is not None or st.graph is not None:
-                if st.graph is not graph or st.ref != ref or st.value is not value:
-                    return False
-        flat, _ = flatten_outputs(out)
-        return all(type(t) is not TpuTensor or (t._st.graph is None and id(t._st) not in self.slot_of)
-                   for t in flat)
+    def _boundary(self, func, n0: int, s0: int, i0: int):
+        """The op flushed the pending graph (a sync point: `.item()`, `bool()`, a data-dependent
+        shape): the trace goes on in the new graph, a segment with slots of its own, where the op
+        left that graph empty."""
+        g = PENDING.graph
+        if g.nodes or g.inputs or g.storages:
+            return self._no(func, "it flushed the pending graph and recorded into the new one")
+        e = Entry()
+        e.func, e.where, e.n0, e.s0, e.i0, e.run, e.sync, e.shape = func, PENDING.where, n0, s0, i0, False, True, "sync"
+        e.nodes, e.precision, e.push, e.fill = (), None, None, False
+        self.g = g
+        self.slot_of.clear()  # the hook emptied the slots
+        self.synced = 0
+        return e
 
     def _no(self, func, why: str) -> None:
         """No entry for this op: the trace ends here, for the reason given."""
@@ -314,8 +333,11 @@ class StepReplay:
                         pat.append((_S, k, a._lid, a._lay, None))
                     else:
                         ok = False
-                elif st.graph is None and st.value is not None and st.error is None:
-                    pat.append((_N, a._lid, a._lay, st.shape, st.dtype, g.input_pos.get(id(st.value))))
+                elif st.graph is None and st.error is None:
+                    if st.value is not None:
+                        pat.append((_N, a._lid, a._lay, st.shape, st.dtype, g.input_pos.get(id(st.value))))
+                    else:  # uninitialised (`torch.empty`), read as zeros: `empty(...).fill_(v)` in masks
+                        pat.append((_U, a._lid, a._lay, st.shape, st.dtype))
                     k = slot_of[id(st)] = len(slots)
                     slots.append(st)
                 else:
@@ -328,15 +350,23 @@ class StepReplay:
                 pat.append(None)
                 ok = False
         CALL.depth = 1
+        self._in_op = True
         try:
             out = route(func, args, kwargs)
         finally:
             CALL.depth = 0
+            self._in_op = False
         if stream.graph is not g:
-            return out, self._no(func, "it flushed the pending graph (a sync point: .item(), .cpu(), print)")
-        if self._untouched(g, (n0, s0, i0, t0, r0), before, out, probe):
+            return out, self._boundary(func, n0, s0, i0)
+        if untouched(g, (n0, s0, i0, t0, r0), before, out, len(ex.fresh.storages) == probe[4], slot_of, k0):
+            # a replay runs the op without naming its arguments: the trace names none either,
+            # or the slots after it would be numbered apart
+            for st in slots[k0:]:
+                del slot_of[id(st)]
+            del slots[k0:]
+            self.synced = min(self.synced, k0)
             e = Entry()
-            e.func, e.where, e.n0, e.s0, e.i0, e.run, e.shape = func, stream.where, n0, s0, i0, True, "run"
+            e.func, e.where, e.n0, e.s0, e.i0, e.run, e.sync, e.shape = func, stream.where, n0, s0, i0, True, False, "run"
             e.nodes, e.precision, e.push, e.fill = (), None, None, False
             return out, e
         if not ok:
@@ -350,7 +380,7 @@ class StepReplay:
         n1 = len(g.nodes)
         e = Entry()
         e.func, e.where, e.n0, e.s0, e.i0, e.k0, e.pat = func, stream.where, n0, s0, i0, k0, pat
-        e.n_args, e.kw_names, e.serve, e.run = len(args), tuple(kwargs) if kwargs else None, None, False
+        e.n_args, e.kw_names, e.serve, e.run, e.sync = len(args), tuple(kwargs) if kwargs else None, None, False, False
         e.cands, e.free = None, frozenset()
         e.nodes, e.sig, e.scalars = g.nodes[n0:], g.sig[n0:], g.scalars[s0:]
         by_value = {id(value): k for k, (_, _, value) in state.items() if value is not None}
@@ -415,6 +445,11 @@ class StepReplay:
         e.fill = any(n.op.family == "creation" for n in e.nodes)
         e.shape = (func, n0, s0, i0, tuple(e.sig), len(e.scalars), tuple(e.inputs), tuple(e.events),
                    tuple(e.writes), tuple(e.outs), e.spec, e.n_new,
-                   tuple(p if p is not None and p[0] in (_S, _N) else None for p in pat),
+                   tuple(p if p is not None and p[0] in (_S, _N, _U) else None for p in pat),
                    None if e.reads is None else tuple(e.reads.items()))
         return out, e
+
+
+def _end(last) -> int:
+    """The graph's length after entry `last` (a sync point's leaves the new graph empty)."""
+    return 0 if last is None or last.sync else last.n0 + len(last.nodes)

@@ -19,7 +19,7 @@ import weakref
 from ..events import METRICS
 from ..meta import unflatten_outputs
 from ..tensor import Storage, TpuTensor, new_tensor
-from .replay_entry import _F, _N, _S, _V
+from .replay_entry import _F, _S, _U, _V
 
 MISS = object()
 
@@ -99,6 +99,13 @@ def compile_entry(e):
                     emit(f"if {s}.graph is not None or {s}.value is None: return MISS")
                 else:
                     emit(f"if {s}.graph is not g or {s}.ref != {ref}: return MISS")
+            elif kind is _U:  # uninitialised: recording reads it as zeros, a node of the op's own
+                k = slot_next[0]
+                slot_next[0] += 1
+                storage_of[k] = s
+                new_slots.append((k, s, None))
+                emit(f"if {s}.value is not None or {s}.graph is not None or {s}.error is not None or {s}.shape != "
+                     f"{const(p[3])} or {s}.dtype is not {const(p[4])}: return MISS")
             else:
                 k = slot_next[0]
                 slot_next[0] += 1

@@ -4,7 +4,8 @@ the pattern its arguments had, and what changes between steps without changing t
 A pattern has one item per leaf of the call's arguments, flattened with lists and tuples marked
 by their type and length: a value (`_V`), a float with the sign of its zero (`_F`), a tpu tensor
 whose storage the step saw before (`_S`: its slot and the ref it had, or None where it was
-concrete) or sees first (`_N`: its shape, dtype and graph input position), or None for an
+concrete) or sees first (`_N`: its shape, dtype and graph input position; `_U` where it is
+uninitialised, `torch.empty`'s, with its shape and dtype), or None for an
 argument no trace can hold.
 """
 from __future__ import annotations
@@ -13,7 +14,11 @@ import math
 
 import torch
 
-_V, _F, _S, _N = range(4)  # pattern item kinds: a value, a float, a storage seen before, one seen first
+from ..meta import flatten_outputs
+from ..tensor import TpuTensor
+
+# pattern item kinds: a value, a float, a storage seen before, one seen first, one seen first uninitialised
+_V, _F, _S, _N, _U = range(5)
 _PLAIN = frozenset({int, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format,
                     torch.Size})
 _BAD = object()  # stands for an argument no trace can match (a type object)
@@ -49,7 +54,7 @@ class Entry:
     """What one top-level op did to the pending graph, in refs and slots (a slot is a storage
     the step has seen, numbered in the order it was first seen)."""
 
-    __slots__ = ("func", "where", "n0", "s0", "i0", "k0", "n_args", "kw_names", "serve", "run", "pat", "nodes", "sig",
+    __slots__ = ("func", "where", "n0", "s0", "i0", "k0", "n_args", "kw_names", "serve", "run", "sync", "pat", "nodes", "sig",
                  "scalars", "inputs", "reads", "events", "writes", "outs", "spec", "n_new", "push", "n_rec",
                  "decomposed", "precision", "fill", "shape", "cands", "free")
 
@@ -105,3 +110,23 @@ def _tensors_only(spec) -> bool:
     if spec[0] == "const":
         return False
     return all(_tensors_only(s) for _, _, s in spec[1])
+
+
+def untouched(g, sizes: tuple, before: list, out, same_state: bool, slot_of: dict, k0: int) -> bool:
+    """Whether an op left the pending graph g as it was (but for concrete values it wrote into
+    storages with nothing pending; `sizes` are g's lengths before it, `before` its tensor
+    arguments with their storages' states, `same_state` whether it made no optimizer state) and
+    returned only concrete values of its own or of storages it was the first to name (from slot
+    k0 on): a batch copied to the device, a CPU fallback on concrete inputs, a host read of a
+    concrete value, `torch.tensor(data, device="tpu")`. A replay runs such an op again, as it is."""
+    if sizes != (len(g.nodes), len(g.scalars), len(g.inputs), len(g.storages), len(g.reads)) or not same_state:
+        return False
+    for a, st, lid, lay, graph, ref, value in before:
+        if a._st is not st or a._lid != lid or a._lay != lay:
+            return False
+        # a value copied in from the host (copy_ into a new buffer) replaces no pending one
+        if graph is not None or st.graph is not None:
+            if st.graph is not graph or st.ref != ref or st.value is not value:
+                return False
+    flat, _ = flatten_outputs(out)
+    return all(type(t) is not TpuTensor or (t._st.graph is None and slot_of.get(id(t._st), k0) >= k0) for t in flat)

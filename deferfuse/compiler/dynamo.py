@@ -9,7 +9,12 @@ AOTAutograd, fakeified as a FakeTensor on tpu:0 over PyTorch's meta kernels:
 - deferfuse, jax and jaxlib are in Dynamo's skip rules: their frames are never traced;
 - `TpuTensor.__coerce_same_metadata_as_tangent__` (tensor.py) answers AOTAutograd's check of
   the tangents a compiled backward receives;
-- `torch.Generator(device="tpu")` is wrapped as a generator, as a CPU one is.
+- `torch.Generator(device="tpu")` is wrapped as a generator, as a CPU one is;
+- `torch.tensor(data, device="tpu")` is traced as the tensor made on the CPU and moved with
+  `.to(device)`. PyTorch makes such a tensor on its device below the dispatch modes and then
+  lifts it; the fake and proxy modes take a plain device tensor there for a constant, but leave a
+  tpu tensor, a subclass to them, to its own dispatch: a real tensor among the graph's fake ones,
+  and Dynamo failed on it (every Hugging Face decoder's `DynamicCache` makes one).
 
 And one for optimizers: Dynamo makes an optimizer whose state is not created yet `capturable`
 (its step counts on the device, so a compiled step is one program without host scalars) for CUDA
@@ -18,9 +23,11 @@ programs that replay.
 """
 from __future__ import annotations
 
+import torch
 from torch._dynamo import trace_rules
 from torch._dynamo.variables import builder
 from torch._dynamo.variables.optimizer import OptimizerVariable
+from torch._dynamo.variables.torch import TorchInGraphFunctionVariable
 
 from ..rng import TpuGenerator
 from ..tensor import TpuTensor
@@ -70,6 +77,22 @@ def teach() -> None:
 
     OptimizerVariable.__init__ = __init__
     OptimizerVariable._set_capturable = _set_capturable
+    handlers = TorchInGraphFunctionVariable._get_handlers()  # cached by Dynamo: one dict, kept
+    handlers[torch.tensor] = _tensor_via_cpu(handlers[torch.tensor])
+
+
+def _tensor_via_cpu(handle):
+    """Dynamo's handler for `torch.tensor`, which makes a tensor for tpu on the CPU first."""
+
+    def handler(self, tx, *args, **kwargs):
+        device = kwargs.get("device")
+        if device is not None and "requires_grad" not in kwargs and device.is_python_constant() \
+                and torch.device(device.as_python_constant()).type == "tpu":
+            on_cpu = self.call_function(tx, list(args), {k: v for k, v in kwargs.items() if k != "device"})
+            return on_cpu.call_method(tx, "to", [device], {})
+        return handle(self, tx, *args, **kwargs)
+
+    return handler
 
 
 def _capturable_on_tpu(opt) -> None:

@@ -26,6 +26,8 @@ import zlib
 import pytest
 import torch
 
+import deferfuse
+
 import zoo_decoders
 import zoo_harness as H
 import zoo_others
@@ -72,6 +74,8 @@ def in_device_profile(item) -> bool:
     params = getattr(item, "callspec", None)
     if params is None:
         return True
+    if "mode" not in params.params:  # the training loop: its four AdamW steps drift on a TPU beyond the
+        return False  # zoo's bound for the BERT-like models (relative MSE 5e-6 to 5e-5 on a v5e)
     mode, stage = params.params["mode"], params.params["stage"]
     if mode == "defer_and_fuse":
         return stage in ("forward", "generate")
@@ -90,6 +94,28 @@ def test_model(name, mode, stage):
         raise AssertionError(f"{name} {mode} {stage}: {type(e).__name__}: {e}") from e
     if reason:
         pytest.fail(f"{name} {mode} {stage} passes now: remove its xfail (it said: {reason})")
+
+
+# models whose read of the host inside a step (an attention mask's check, a cache made lazily,
+# `torch.empty(...).fill_()`) once ended the step replay's trace near the step's start
+LOOP_CI = ("gpt2", "llama", "mistral", "bert", "t5")
+# a few steps of training amplify rounding: CPU's own losses move by more than the zoo's bound
+LOOP_CHAOTIC = {"mobilenet_v2": "a 1e-7 relative change to its weights moves CPU's own fourth loss by 2% (AdamW)"}
+
+
+@pytest.mark.parametrize("name", [n for n in sorted(SPECS) if n not in LOOP_CHAOTIC and (FULL or n in LOOP_CI)])
+def test_a_training_loop_replays_its_steps_and_matches_cpu(name):
+    """Four AdamW steps in DeferAndFuse against CPU's losses; in the models that read the host
+    inside their step, the step replay serves most of the last step, past those reads."""
+    spec = SPECS[name]
+    if spec.xfail_reason("defer_and_fuse", "train"):
+        pytest.skip(f"its training step fails: {spec.xfail_reason('defer_and_fuse', 'train')}")
+    want, _ = H.run_loop(spec, "cpu")
+    with deferfuse.mode("defer_and_fuse"):
+        got, replayed = H.run_loop(spec, "tpu")
+    H.assert_matches(got, want, f"{name}: the losses of four AdamW steps")
+    if name in LOOP_CI:
+        assert replayed >= 0.5, f"{name}: the step replay served {replayed:.0%} of the last step's ops"
 
 
 def test_the_zoo_covers_the_families_the_issue_names():

@@ -8,7 +8,8 @@ A stage is one of
   gradient, then one AdamW step and the loss after it;
 - generate: greedy `generate(max_new_tokens=8)` with the KV cache, once on an unpadded batch with
   no attention mask and once on a left-padded batch (right-padded encoder inputs for
-  encoder-decoders) of prompts of different lengths.
+  encoder-decoders) of prompts of different lengths;
+- loop (`run_loop`, DeferAndFuse's step replay): four AdamW steps, each step's loss.
 """
 from __future__ import annotations
 
@@ -151,6 +152,27 @@ def run_train(spec: Spec, device: str) -> dict[str, Any]:
     opt.zero_grad()
     after = model(**batch).loss
     return {"loss": loss.detach().cpu(), "grads": grads, "loss_after_step": after.detach().cpu()}
+
+
+def run_loop(spec: Spec, device: str, steps: int = 4) -> tuple[torch.Tensor, float]:
+    """`steps` AdamW steps on one batch: each step's loss, and the share of the last step's ops
+    that DeferAndFuse's step replay served (0 on CPU)."""
+    model = seeded(spec.build).train().to(device)
+    inputs = seeded(spec.inputs, 1)
+    batch = to_device({**inputs, **spec.labels(inputs)}, device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    for i in range(steps):
+        if i == steps - 1:
+            m0 = deferfuse.metrics()
+        loss = model(**batch).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.detach())
+    m1 = deferfuse.metrics()
+    replayed = (m1["ops_replayed"] - m0["ops_replayed"]) / max(1, m1["ops_recorded"] - m0["ops_recorded"])
+    return torch.stack(losses).cpu(), replayed
 
 
 def run_generate(spec: Spec, device: str) -> list[torch.Tensor]:

@@ -333,6 +333,31 @@ def item_every_step(make: Callable[[str], Runner]) -> Callable[[str], Runner]:
     return wrapped
 
 
+def hf_gpt2(engine: str) -> Runner:
+    """A Hugging Face `GPT2LMHeadModel` (2 layers, d32, T16, B2, vocab 256), built from its config
+    class with every dropout at zero, and PyTorch's AdamW: the users' models, whose forward reads
+    the host a few times a step (an attention mask's checks), where a plain GPT reads it never."""
+    import transformers
+
+    dev = device_of(engine)
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=256, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=1, eos_token_id=2,
+                                  pad_token_id=0)
+    model = transformers.GPT2LMHeadModel(cfg).to(dev).train()
+    opt = _adamw(model.parameters(), False)
+    ids = torch.randint(3, 256, (2, 16), generator=torch.Generator().manual_seed(4)).to(dev)
+
+    def step_fn():
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    return _make_runner(engine, step_fn)
+
+
 def _gpt_cfg(**shape):
     import gpt_train
 
@@ -352,6 +377,7 @@ WORKLOADS: dict[str, Callable[[str], Runner]] = {
     # device-bound on an accelerator; see the module docstring for when it runs on a CPU
     "gpt2-small (12 layers, d768, T512, B8)": lambda e: gpt(e, cfg=_gpt_cfg(vocab=8192, seq=512, layers=12,
                                                                             heads=12, dim=768), batch=8),
+    "hf gpt2 train (2 layers, d32, T16, B2)": hf_gpt2,
     "convnet train (2 conv, bs 32)": convnet,
     "kv decode (48 tokens)": kv_decode,
     "kv decode, bucket 64": lambda e: kv_decode(e, bucket=64),

@@ -151,30 +151,16 @@ class StepReplay:
             self._stopped(func, differs)
             self._leave(len(g.nodes), g)
             return self.trace(func, args, kwargs, route)
-        if e.sync:  # a sync point runs again, as it is, and must flush again
+        if e.run or e.sync:  # run again as it is: it must leave the graph alone again, or flush it again
             self._sync_slots()
             out, again = self._record(func, args, kwargs, route, _leaves(args, kwargs))
-            if again is not None and again.sync:
-                self.i = self.seg = i + 1
-                return out
-            if again is not None:
-                self._stopped(func, "it did not flush the pending graph where the trace's call did")
-            self._leave(e.n0, g)
-            self.ex.after_op(func, out)
-            self._traced(again)
-            return out
-        if e.run:  # an op that leaves the graph alone runs again, and must still leave it alone
-            self._sync_slots()
-            out, again = self._record(func, args, kwargs, route, _leaves(args, kwargs))
-            if again is not None and again.run:
+            if again is not None and again.shape == e.shape:
                 self.i = i + 1
+                if e.sync:
+                    self.seg = self.i
                 return out
-            if again is not None:
-                self._stopped(func, "it changed the pending graph where the trace's call left it alone")
-            self._leave(e.n0, g)
-            self.ex.after_op(func, out)
-            self._traced(again)
-            return out
+            return self._diverged(func, out, again, e, g, "it did not flush the pending graph where the trace's call did"
+                                  if e.sync else "it changed the pending graph where the trace's call left it alone")
         serve = e.serve
         if serve is None:
             serve = e.serve = compile_entry(e)
@@ -191,8 +177,14 @@ class StepReplay:
             if e.scalars != again.scalars and e.learn(leaves, again.scalars):
                 e.serve = None  # compiled again, the scalars now read from the arguments they come from
             return out
+        return self._diverged(func, out, again, e, g,
+                              "its arguments made other nodes than the trace's (another shape, dtype or value)")
+
+    def _diverged(self, func, out, again, e, g, why: str):
+        """The op, recorded, did not do what entry e says: the step is traced from here on, what
+        the op did (`again`) its next entry."""
         if again is not None:
-            self._stopped(func, "its arguments made other nodes than the trace's (another shape, dtype or value)")
+            self._stopped(func, why)
         self._leave(e.n0, g)
         self.ex.after_op(func, out)
         self._traced(again)

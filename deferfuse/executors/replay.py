@@ -28,9 +28,10 @@ step's branch, which the ops after it are checked for). Hugging Face models make
 reads per step, near its start: without segments almost none of their step replayed.
 
 What is traced is judged by its effects, not by a list of routes: an op is left out (and the
-trace ends there) if it flushed and recorded into the new graph, ran a program, fell back to the CPU, drew random numbers, read
-the host, changed a tensor's metadata, returned anything but tpu tensors, or left a value the
-trace cannot name (a new input not among its arguments, a storage no output holds).
+trace ends there) if it flushed and recorded into the new graph, ran a program, fell back to the
+CPU, drew random numbers, read the host, changed a tensor's metadata, returned anything but tpu
+tensors, or left a value the trace cannot name (a new input not among its arguments, a storage no
+output holds).
 """
 from __future__ import annotations
 
@@ -159,8 +160,9 @@ class StepReplay:
                 if e.sync:
                     self.seg = self.i
                 return out
-            return self._diverged(func, out, again, e, g, "it did not flush the pending graph where the trace's call did"
-                                  if e.sync else "it changed the pending graph where the trace's call left it alone")
+            why = ("it did not flush the pending graph where the trace's call did" if e.sync
+                   else "it changed the pending graph where the trace's call left it alone")
+            return self._diverged(func, out, again, e, g, why)
         serve = e.serve
         if serve is None:
             serve = e.serve = compile_entry(e)
@@ -276,7 +278,8 @@ class StepReplay:
         if g.nodes or g.inputs or g.storages:
             return self._no(func, "it flushed the pending graph and recorded into the new one")
         e = Entry()
-        e.func, e.where, e.n0, e.s0, e.i0, e.run, e.sync, e.shape = func, PENDING.where, n0, s0, i0, False, True, "sync"
+        e.func, e.where, e.n0, e.s0, e.i0 = func, PENDING.where, n0, s0, i0
+        e.run, e.sync, e.shape = False, True, "sync"
         e.nodes, e.precision, e.push, e.fill = (), None, None, False
         self.g = g
         self.slot_of.clear()  # the hook emptied the slots
@@ -358,7 +361,8 @@ class StepReplay:
             del slots[k0:]
             self.synced = min(self.synced, k0)
             e = Entry()
-            e.func, e.where, e.n0, e.s0, e.i0, e.run, e.sync, e.shape = func, stream.where, n0, s0, i0, True, False, "run"
+            e.func, e.where, e.n0, e.s0, e.i0 = func, stream.where, n0, s0, i0
+            e.run, e.sync, e.shape = True, False, "run"
             e.nodes, e.precision, e.push, e.fill = (), None, None, False
             return out, e
         if not ok:

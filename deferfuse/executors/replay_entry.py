@@ -54,9 +54,9 @@ class Entry:
     """What one top-level op did to the pending graph, in refs and slots (a slot is a storage
     the step has seen, numbered in the order it was first seen)."""
 
-    __slots__ = ("func", "where", "n0", "s0", "i0", "k0", "n_args", "kw_names", "serve", "run", "sync", "pat", "nodes", "sig",
-                 "scalars", "inputs", "reads", "events", "writes", "outs", "spec", "n_new", "push", "n_rec",
-                 "decomposed", "precision", "fill", "shape", "cands", "free")
+    __slots__ = ("func", "where", "n0", "s0", "i0", "k0", "n_args", "kw_names", "serve", "run", "sync", "pat",
+                 "nodes", "sig", "scalars", "inputs", "reads", "events", "writes", "outs", "spec", "n_new", "push",
+                 "n_rec", "decomposed", "precision", "fill", "shape", "cands", "free")
 
     def same_effect(self, other: "Entry") -> bool:
         """Whether `other`, the same op recorded again, left the graph and the step's slots as

@@ -279,8 +279,7 @@ class StepReplay:
             return self._no(func, "it flushed the pending graph and recorded into the new one")
         e = Entry()
         e.func, e.where, e.n0, e.s0, e.i0 = func, PENDING.where, n0, s0, i0
-        e.run, e.sync, e.shape = False, True, "sync"
-        e.nodes, e.precision, e.push, e.fill = (), None, None, False
+        e.run, e.sync, e.shape, e.nodes, e.precision, e.push, e.fill = False, True, "sync", (), None, None, False
         self.g = g
         self.slot_of.clear()  # the hook emptied the slots
         self.synced = 0
@@ -362,8 +361,7 @@ class StepReplay:
             self.synced = min(self.synced, k0)
             e = Entry()
             e.func, e.where, e.n0, e.s0, e.i0 = func, stream.where, n0, s0, i0
-            e.run, e.sync, e.shape = True, False, "run"
-            e.nodes, e.precision, e.push, e.fill = (), None, None, False
+            e.run, e.sync, e.shape, e.nodes, e.precision, e.push, e.fill = True, False, "run", (), None, None, False
             return out, e
         if not ok:
             return out, self._no(func, "an argument a trace cannot hold (a CPU tensor, a generator, a value "

@@ -30,28 +30,9 @@ def test_a_tensor_made_from_data_inside_a_compiled_function(fn):
     torch.testing.assert_close(got, fn(x))
 
 
-def _compiled_steps(spec, device: str, steps: int = 3) -> torch.Tensor:
-    """The model's forward compiled (eager backward and AdamW, as most users compile), `steps`
-    times on one batch: each step's loss."""
-    model = H.seeded(spec.build).train().to(device)
-    inputs = H.seeded(spec.inputs, 1)
-    batch = H.to_device({**inputs, **spec.labels(inputs)}, device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    forward = torch.compile(lambda: model(**batch).loss, backend="tpu") if device == "tpu" else (
-        lambda: model(**batch).loss)
-    losses = []
-    for _ in range(steps):
-        loss = forward()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.detach())
-    return torch.stack(losses).cpu()
-
-
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_a_compiled_hugging_face_decoder_trains_to_cpus_losses(name):
     spec = SPECS[name]
-    want = _compiled_steps(spec, "cpu")
-    got = _compiled_steps(spec, "tpu")
+    want, _ = H.run_loop(spec, "cpu", steps=3)
+    got, _ = H.run_loop(spec, "tpu", steps=3, compiled=True)  # forward compiled; backward, AdamW eager
     H.assert_matches(got, want, f"{name}: the losses of three compiled steps")

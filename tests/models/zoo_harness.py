@@ -154,18 +154,26 @@ def run_train(spec: Spec, device: str) -> dict[str, Any]:
     return {"loss": loss.detach().cpu(), "grads": grads, "loss_after_step": after.detach().cpu()}
 
 
-def run_loop(spec: Spec, device: str, steps: int = 4) -> tuple[torch.Tensor, float]:
-    """`steps` AdamW steps on one batch: each step's loss, and the share of the last step's ops
-    that DeferAndFuse's step replay served (0 on CPU)."""
+def run_loop(spec: Spec, device: str, steps: int = 4, compiled: bool = False) -> tuple[torch.Tensor, float]:
+    """`steps` AdamW steps on one batch, the forward `torch.compile`d (backend "tpu") if
+    `compiled`: each step's loss, and the calls DeferAndFuse's step replay served in the last
+    step over all the ops that step recorded (decomposed calls' parts included: a lower bound of
+    the replayed share; 0 on CPU)."""
     model = seeded(spec.build).train().to(device)
     inputs = seeded(spec.inputs, 1)
     batch = to_device({**inputs, **spec.labels(inputs)}, device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def forward():
+        return model(**batch).loss
+
+    if compiled:
+        forward = torch.compile(forward, backend="tpu")
     losses = []
     for i in range(steps):
         if i == steps - 1:
             m0 = deferfuse.metrics()
-        loss = model(**batch).loss
+        loss = forward()
         loss.backward()
         opt.step()
         opt.zero_grad()

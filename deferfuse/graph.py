@@ -235,6 +235,9 @@ class Graph:
         # id(storage) -> position of the input that was its value before it became pending here:
         # which output replaces which input, so a donated buffer takes its own new value
         self.prior: dict[int, int] = {}
+        # while a graph is recorded to be abandoned: (storage, value, graph, ref, error) as each
+        # storage was before it first became pending here
+        self.before: list | None = None
 
     def __len__(self):
         return len(self.nodes)

@@ -74,6 +74,13 @@ def counter() -> int:
     return _counter
 
 
+def rewind(c: int) -> None:
+    """Take the stream back to counter c: what was drawn since was never run (a compiled
+    graph recorded dry, compiler/dry_record.py), so the call that runs draws those keys."""
+    global _counter
+    _counter = c
+
+
 def reserve(n: int) -> tuple[int, int]:
     """(seed, first counter) of n consecutive counters taken from the stream at once."""
     global _counter

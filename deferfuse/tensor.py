@@ -63,6 +63,9 @@ class Storage:
                 pos = graph.input_pos.get(id(v))  # the graph holds its inputs, so the id is theirs
                 if pos is not None:
                     graph.prior[id(self)] = pos
+            before = graph.before
+            if before is not None:  # a graph recorded and abandoned (compiler/dry_record.py)
+                before.append((self, v, self.graph, self.ref, self.error))
             self.graph = graph
             graph.storages.append(weakref.ref(self))
         self.value = None

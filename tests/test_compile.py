@@ -15,6 +15,7 @@ import torch.nn.functional as F
 import deferfuse
 from conftest import ROOT
 from deferfuse import sources
+from deferfuse.routes import fallback
 from deferfuse.report.text import render as render_report
 
 
@@ -247,7 +248,9 @@ def test_dropout_model_trains():
 
 @pytest.mark.tpu_tolerance(times=4, why="XLA:TPU's float32 exp: 4.9e-4 absolute on 295 (1.7e-6 relative) at "
                                         "d166f32, on inputs unseeded until then, 1.25 times")
-def test_pending_defer_and_fuse_work_flushes_before_a_compiled_call_records():
+def test_a_graphs_first_call_in_defer_and_fuse_joins_the_pending_graph_without_running():
+    """The first call records the graph dry (compiler/dry_record.py): neither the work pending
+    before it nor the graph runs as a program of its own; both are one flush, later."""
     def f(x):
         return torch.exp(x) + 1
 
@@ -255,11 +258,57 @@ def test_pending_defer_and_fuse_work_flushes_before_a_compiled_call_records():
     x = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
     with deferfuse.mode():
         xt = x.to("tpu") * 3  # pending
-        before = deferfuse.metrics()["flushes_by_cause"].get("compile_mode_execution", 0)
-        out = cf(xt)  # the graph's first call records it, on concrete inputs
-        after = deferfuse.metrics()["flushes_by_cause"].get("compile_mode_execution", 0)
-    assert after == before + 1
-    torch.testing.assert_close(out.cpu(), f(x * 3))
+        before = dict(deferfuse.metrics()["flushes_by_cause"])
+        out = cf(xt)
+        assert deferfuse.metrics()["flushes_by_cause"] == before
+        assert xt._st.graph is out._st.graph is deferfuse.pending.PENDING.graph
+        torch.testing.assert_close(out.cpu(), f(x * 3))
+        assert sum(deferfuse.metrics()["flushes_by_cause"].values()) == sum(before.values()) + 1
+
+
+def test_a_first_call_that_needs_values_runs_as_before_and_leaves_its_arguments_intact(monkeypatch):
+    """A CPU fallback inside the graph needs its inputs' values: the dry recording is abandoned,
+    every storage gets back its state (an argument pending, another updated in place), and the
+    call flushes and records as before, its fallback counted once."""
+    monkeypatch.setattr(fallback, "_warned", set())
+
+    def f(x, buf):
+        buf.add_(x)
+        v, _ = torch.cummax(x * buf, dim=0)
+        return v + 1
+
+    cf = torch.compile(f, backend="tpu")
+    x, buf = torch.tensor([3.0, 1.0, 4.0, 1.0, 5.0, 9.0]), torch.ones(6)
+    with pytest.warns(UserWarning, match="aten.cummax.default"):
+        with deferfuse.mode():
+            xt, bt = x.to("tpu") * 2, buf.to("tpu")  # xt pending
+            before = deferfuse.metrics()["cpu_fallbacks"].get("aten.cummax.default", 0)
+            out = cf(xt, bt)
+            assert deferfuse.metrics()["cpu_fallbacks"]["aten.cummax.default"] == before + 1
+            assert deferfuse.metrics()["flushes_by_cause"].get("compile_mode_execution") == 1
+            got = [out.cpu(), bt.cpu(), xt.cpu(), cf(xt, bt).cpu()]
+    ref = f(x * 2, buf)
+    expected = [ref, buf.clone(), x * 2, f(x * 2, buf)]
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b)
+
+
+def test_a_graph_first_called_in_defer_and_fuse_then_in_strict_runs_in_both():
+    """A replay recorded dry has no program: a later call in Strict records it with one."""
+    def f(x, buf):
+        buf.mul_(2)
+        return torch.sin(x) + buf
+
+    cf = torch.compile(f, backend="tpu")
+    x, buf = torch.randn(3, 4), torch.ones(3, 4)
+    xt, bt = x.to("tpu"), buf.to("tpu")
+    got = []
+    for mode in ("defer_and_fuse", "strict", "defer_and_fuse", "strict"):
+        with deferfuse.mode(mode):
+            got.append(cf(xt, bt).cpu())
+    for a in got:
+        torch.testing.assert_close(a, f(x, buf))
+    torch.testing.assert_close(bt.cpu(), buf)
 
 
 def test_a_replayed_call_in_defer_and_fuse_joins_the_pending_graph(events):
@@ -376,13 +425,14 @@ def test_compiled_training_in_defer_and_fuse_runs_one_program_per_step():
     m, ref = _mlp()
     opt, ref_opt = torch.optim.AdamW(m.parameters(), lr=1e-2), torch.optim.AdamW(ref.parameters(), lr=1e-2)
     step = torch.compile(_step, backend="tpu")
-    losses, runs = [], []
+    losses, runs, compiled = [], [], []
     with deferfuse.mode():
         for x, y in _batches(8):
-            before = deferfuse.metrics()["execute_calls"]
+            before = deferfuse.metrics()["execute_calls"], deferfuse.metrics()["programs_compiled"]
             losses.append(step(m, opt, x.to("tpu"), y.to("tpu")).detach())
             deferfuse.sync()
-            runs.append(deferfuse.metrics()["execute_calls"] - before)
+            runs.append(deferfuse.metrics()["execute_calls"] - before[0])
+            compiled.append(deferfuse.metrics()["programs_compiled"] - before[1])
     expected = [_step(ref, ref_opt, x, y).detach() for x, y in _batches(8)]
     torch.testing.assert_close(torch.stack(losses).cpu(), torch.stack(expected), rtol=1e-5, atol=1e-6)
     for p, q in zip(m.parameters(), ref.parameters()):
@@ -390,6 +440,9 @@ def test_compiled_training_in_defer_and_fuse_runs_one_program_per_step():
         torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-6)
     # forward, backward and optimizer graphs and the eager ops between them: one program a step
     assert runs[-3:] == [1, 1, 1], runs
+    # the graphs' first calls are recorded without running (compiler/dry_record.py): the first
+    # step is the steady step's program, and the optimizer's new state a program of fills
+    assert compiled[0] <= 2 and sum(compiled[1:]) == 0, compiled
 
 
 def test_a_compiled_graph_shares_the_cache_with_defer_and_fuse():

@@ -12,8 +12,10 @@ optimizer state land where eager puts them), random ops given fresh keys.
 In DeferAndFuse a replay is not run at once: it is recorded as one node of the pending graph
 (`Replay.defer`), whose function is the recorded graph's own, so a training step's forward,
 backward and optimizer graphs, and the eager ops around them, fuse into the program of the next
-flush, as a step recorded op by op would, while each graph costs one node to record. Strict and
-Debug run each replay at once.
+flush, as a step recorded op by op would, while each graph costs one node to record. There the
+first call too is such a node: the graph is recorded without running (`dry_record.py`), so the
+first training step compiles the steady step's program, not each graph and the eager work
+between them apart. Strict and Debug run each replay at once.
 
 A graph that cannot be one program (a host read or a CPU fallback inside it) runs its ops through
 the recording path on every call instead, as DeferAndFuse would.
@@ -28,6 +30,7 @@ import torch
 
 from .. import events, interrupts, modes, pending, program, rng, sources
 from ..capture import record_whole
+from . import dry_record
 from ..causes import Cause
 from ..dtypes import to_jax_dtype
 from ..events import METRICS
@@ -85,6 +88,17 @@ class CompiledGraph:
             out = replay.defer(args, sources.user_frame(2))
             ex.after_graph(replay.op.id, replay.weight)
             return out
+        if replay is _RECORD and ex.kind is EagerMode.DEFER_AND_FUSE:
+            # recorded without running, then one node as every later call (dry_record.py)
+            replay = Replay.record_dry(self.gm, args)
+            if replay is not None:
+                self._recorded(sig, replay)
+                out = replay.defer(args, sources.user_frame(2))
+                ex.after_graph(replay.op.id, replay.weight)
+                return out
+            replay = _RECORD
+        elif replay is not None and replay is not _RECORD and replay.plan is None and replay.op is not None:
+            replay = _RECORD  # recorded without a program, called outside DeferAndFuse: record with one
         if replay is None and ex.kind is EagerMode.DEFER_AND_FUSE:
             # its ops join the pending graph as eager DeferAndFuse ops would: an optimizer step
             # taking a scheduled lr fuses with the step's replayed graphs into one program
@@ -97,15 +111,23 @@ class CompiledGraph:
             return self._record_each_call(args)
         if replay is _RECORD:
             replay, out = Replay.record(self.gm, args, sources.user_frame(2))
-            self.replays[sig] = replay
-            events.emit("compiled_graph", graph=self.kind, ops=self.ops, where=self.where,
-                        signatures=len(self.replays), replays=replay is not None)
+            self._recorded(sig, replay)
             return out
         return replay(args)
+
+    def _recorded(self, sig: tuple, replay) -> None:
+        self.replays[sig] = replay
+        events.emit("compiled_graph", graph=self.kind, ops=self.ops, where=self.where,
+                    signatures=len(self.replays), replays=replay is not None)
 
     def _record_each_call(self, args):
         with DeferfuseMode("defer_and_fuse"):
             return list(self.gm(*args))
+
+
+def _read_by_value(args) -> bool:
+    """Whether an argument is read by value while recording (see `Replay.record`)."""
+    return any(isinstance(a, torch.Tensor) and type(a) is not TpuTensor or type(a) is float for a in args)
 
 
 def _source_of(gm) -> str | None:
@@ -126,7 +148,7 @@ class Replay:
 
     @staticmethod
     def record(gm, args, where=None) -> tuple[Replay | None, list]:
-        if any(isinstance(a, torch.Tensor) and type(a) is not TpuTensor or type(a) is float for a in args):
+        if _read_by_value(args):
             # a CPU tensor argument (a step count, a learning rate Dynamo made an input) is read by
             # value while recording, and so is a float (one saved for backward): what the graph
             # derives from it by Python arithmetic becomes the program's scalars, which a replay
@@ -143,7 +165,20 @@ class Replay:
             return None, result
         return Replay(g, outputs, plan, args, result, c0), result
 
-    def __init__(self, g, outputs, plan, args, result, c0):
+    @staticmethod
+    def record_dry(gm, args) -> Replay | None:
+        """DeferAndFuse's first call: the graph recorded without running it (dry_record.py), its
+        replay to be deferred as a node; None where it must be recorded by `record`."""
+        if _read_by_value(args):
+            return None
+
+        def make(g, outputs, result, c0):
+            replay = Replay(g, outputs, None, args, result, c0, dry=True)
+            return replay if replay.op is not None else None
+
+        return dry_record.record(gm, args, make)
+
+    def __init__(self, g, outputs, plan, args, result, c0, dry: bool = False):
         arg_of: dict[int, int] = {}
         for i, a in enumerate(args):
             if type(a) is TpuTensor:
@@ -213,7 +248,7 @@ class Replay:
         self.weight = len(g.nodes)
         self.op = None
         n_out = 1 + max((idx for _, idx in outputs), default=-1)
-        if plan is not None and n_out < 1 << OUT_BITS:
+        if (plan is not None or dry) and n_out < 1 << OUT_BITS:
             out_refs = [0] * n_out
             for st, idx in outputs:
                 out_refs[idx] = st.ref  # a flush leaves each storage's ref in place

@@ -111,6 +111,12 @@ VARIANTS = {
     "inplace_view": dict(extra=lambda i, m, x, loss: loss + x.clone().t_().sum() * 0.01),
     # a step without clipping
     "no_clip": dict(clip=False),
+    # a CPU scalar tensor (a program scalar): the same value every step, then another every step,
+    # then a zero whose sign changes every step
+    "cpu_scalar": dict(extra=lambda i, m, x, loss: loss / torch.tensor(2.0)),
+    "cpu_scalar_changes": dict(extra=lambda i, m, x, loss: loss * torch.tensor(1.0 + 0.01 * i)),
+    "cpu_scalar_signed_zero": dict(
+        extra=lambda i, m, x, loss: loss + (1.0 / (x.sum() * torch.tensor(0.0 * (-1) ** i))).clamp(-1, 1)),
 }
 
 
@@ -366,3 +372,58 @@ def test_a_step_with_a_sync_point_replays_past_it():
     assert len(trace) == 47, len(trace)
     assert m["ops_replayed"] >= 4 * (47 - 1 - 8), m["ops_replayed"]
     assert m["flushes_by_cause"]["item"] == 6
+
+
+def test_a_cpu_scalar_tensor_argument_is_replayed_as_a_python_number_is():
+    """`x / torch.tensor(d)` (DeBERTa's log buckets) takes the scalar's value into the program:
+    the trace matches it by value and goes on, as it does for `x / d`."""
+    replay = EXECUTORS[EagerMode.DEFER_AND_FUSE].replay
+    counts = []
+    for divisor in (2.0, torch.tensor(2.0)):
+        replay.forget()
+        deferfuse.reset_metrics()
+        with deferfuse.mode():
+            got = _loop("tpu", extra=lambda i, m, x, loss: loss / divisor)[0].cpu()
+        trace = max(replay.traces.values(), key=len)
+        counts.append((len(trace), _replayed()))
+        torch.testing.assert_close(got, _loop("cpu", extra=lambda i, m, x, loss: loss / divisor)[0])
+    assert counts[1] == counts[0], counts
+
+
+def _two_models_one_step(device, steps=5):
+    """Two models trained one after the other through one step function: their steps begin with
+    the same op on the same line, the second's trace is cut short by an in-place view."""
+    torch.manual_seed(0)
+    first = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).to(device)
+    second = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8), torch.nn.Tanh(),
+                                 torch.nn.LayerNorm(8), torch.nn.Linear(8, 3)).to(device)
+    x = torch.randn(5, 6).to(device)
+    losses = []
+    replayed = []
+    for model, view in ((first, False), (second, True)):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        before = _replayed()
+        for _ in range(steps):
+            loss = model(x).square().mean()
+            if view:
+                loss = loss + x.clone().t_().sum() * 0.01  # an in-place view ends the trace here
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.detach())
+        replayed.append(_replayed() - before)
+    return torch.stack(losses), replayed
+
+
+def test_a_step_that_leaves_a_longer_trace_early_keeps_its_own_shorter_one():
+    """The second model's steps find the first's trace under their first op and leave it at their
+    second op: their own trace, cut short by the in-place view, replaces it (it was kept, longer,
+    and every step replayed one op)."""
+    EXECUTORS[EagerMode.DEFER_AND_FUSE].replay.forget()
+    expected, _ = _two_models_one_step("cpu")
+    with deferfuse.mode():
+        got, replayed = _two_models_one_step("tpu")
+        got = got.cpu()
+    torch.testing.assert_close(got, expected)
+    # from its third step on, the second model replays its forward pass (more than its 6 layers)
+    assert replayed[1] >= 3 * 6, replayed

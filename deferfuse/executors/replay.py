@@ -45,7 +45,7 @@ from ..precision import current as matmul_precision
 from ..record import CALL
 from ..tensor import LAYOUTS, TpuTensor
 from .replay_code import MISS, compile_entry
-from .replay_entry import _N, _PLAIN, _S, _U, Entry, _leaves, _tensors_only, _value_item, untouched
+from .replay_entry import _N, _S, _U, Entry, _leaves, _tensors_only, item_of, learnable, untouched
 
 _MAX_TRACES = 4  # steps of different shapes a loop alternates between (two optimizers, eval steps)
 
@@ -71,6 +71,7 @@ class StepReplay:
         self.slot_of: dict[int, int] = {}  # id(storage) -> slot, for the first `synced` slots
         self.synced = 0
         self.seg = 0  # the first entry of the segment being traced or replayed (after the last sync)
+        self.diverged = False  # the step left its trace where the trace says another op came
         self._in_op = False  # an op's route is running (`_record`): a flush now is that op's
         self.ex.serve = None
 
@@ -98,14 +99,14 @@ class StepReplay:
 
     def _arm(self, whole: bool) -> None:
         """Keep what this step did so far as the trace of steps that begin as it did: a whole
-        step's always, a part of one (cut short by a sync point) unless a longer trace is kept."""
+        step's always, a part of one (cut short) unless a longer trace it followed is kept."""
         entries = self.entries[: self.i] if self.replaying else self.entries
         if self.g is not None and entries:
             if PENDING.graph is not self.g or len(self.g.nodes) != _end(entries[-1]):
                 whole = False  # recorded into outside the ops traced (a compiled graph's node), or flushed
             kind = (entries[0].func, entries[0].where)
             old = self.traces.pop(kind, None)
-            if not whole and old is not None and len(old) > len(entries):
+            if not whole and old is not None and len(old) > len(entries) and not self.diverged:
                 entries = old
             self.traces[kind] = entries
             while len(self.traces) > _MAX_TRACES:
@@ -257,6 +258,7 @@ class StepReplay:
                     period.push(*e.push)
             stream.pushed = n
         self._sync_slots()
+        self.diverged = self.diverged or self.i < len(self.entries)
         self.entries = self.entries[: self.i]
         self.replaying = False
         self.ex.serve = self.trace
@@ -338,11 +340,10 @@ class StepReplay:
                     ok = False
                 if k is not None and k not in state:
                     state[k] = (st.graph, st.ref, st.value)
-            elif t is float or t in _PLAIN or t is tuple or a is list or a is tuple or a is dict:  # tuple: kwargs
-                pat.append(_value_item(a))
-            else:  # another tensor, a generator, a type object: values a trace cannot hold
-                pat.append(None)
-                ok = False
+            else:
+                item = item_of(a)
+                pat.append(item)
+                ok = ok and item is not None
         CALL.depth = 1
         self._in_op = True
         try:
@@ -375,7 +376,7 @@ class StepReplay:
         e = Entry()
         e.func, e.where, e.n0, e.s0, e.i0, e.k0, e.pat = func, stream.where, n0, s0, i0, k0, pat
         e.n_args, e.kw_names, e.serve, e.run, e.sync = len(args), tuple(kwargs) if kwargs else None, None, False, False
-        e.cands, e.free = None, frozenset()
+        e.cands, e.free = learnable(pat), frozenset()
         e.nodes, e.sig, e.scalars = g.nodes[n0:], g.sig[n0:], g.scalars[s0:]
         by_value = {id(value): k for k, (_, _, value) in state.items() if value is not None}
         e.inputs = []

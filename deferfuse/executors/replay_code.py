@@ -16,10 +16,12 @@ from __future__ import annotations
 import math
 import weakref
 
+import torch
+
 from ..events import METRICS
 from ..meta import unflatten_outputs
 from ..tensor import Storage, TpuTensor, new_tensor
-from .replay_entry import _F, _S, _U, _V
+from .replay_entry import _C, _F, _S, _U, _V
 
 MISS = object()
 
@@ -32,7 +34,7 @@ def _undo(g, i0: int) -> None:
 
 
 def compile_entry(e):
-    ns = {"MISS": MISS, "TT": TpuTensor, "copysign": math.copysign, "Storage": Storage, "wr": weakref.ref,
+    ns = {"MISS": MISS, "TT": TpuTensor, "Tensor": torch.Tensor, "copysign": math.copysign, "Storage": Storage, "wr": weakref.ref,
           "new_tensor": new_tensor, "unflatten": unflatten_outputs, "METRICS": METRICS, "undo": _undo}
     lines: list[str] = []
     consts: list = []
@@ -77,6 +79,12 @@ def compile_entry(e):
                 emit(f"if {x} is not None: return MISS")
             else:
                 emit(f"if type({x}) is not {const(p[2])} or {x} != {const(p[1])}: return MISS")
+        elif kind is _C:
+            emit(f"if type({x}) is not Tensor or {x}.device.type != 'cpu' or {x}.dim() != 0 or {x}.dtype is not "
+                 f"{const(p[2])}: return MISS")
+            emit(f"v_ = {x}.item()")
+            sign = "" if p[3] is None else f" or copysign(1.0, v_) != {p[3]!r}"
+            emit(f"if v_ != {const(p[1])}{sign}: return MISS")
         elif kind is _F:
             emit(f"if type({x}) is not float or {x} != {const(p[1])} or ({x} == 0.0 and copysign(1.0, {x}) != "
                  f"{p[2]!r}): return MISS")

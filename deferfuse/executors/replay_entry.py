@@ -17,8 +17,9 @@ import torch
 from ..meta import flatten_outputs
 from ..tensor import TpuTensor
 
-# pattern item kinds: a value, a float, a storage seen before, one seen first, one seen first uninitialised
-_V, _F, _S, _N, _U = range(5)
+# pattern item kinds: a value, a float, a storage seen before, one seen first, one seen first
+# uninitialised, a CPU scalar tensor (a program scalar, by its value and dtype)
+_V, _F, _S, _N, _U, _C = range(6)
 _PLAIN = frozenset({int, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format,
                     torch.Size})
 _BAD = object()  # stands for an argument no trace can match (a type object)
@@ -101,6 +102,25 @@ def _same(a, b) -> bool:
 
 def _value_item(a):
     return (_F, a, _copysign(1.0, a)) if type(a) is float else (_V, a, type(a))
+
+
+def item_of(a):
+    """The pattern item of an argument that is not a tpu tensor, None where a trace cannot hold
+    it. A CPU 0-dim tensor (`x / torch.tensor(d)`, DeBERTa's log buckets, Swin's scales) is a
+    scalar of the program: it matches by dtype and value, a float's sign of zero included."""
+    t = type(a)
+    if t is float or t in _PLAIN or t is tuple or a is list or a is tuple or a is dict:  # tuple: kwargs
+        return _value_item(a)
+    if t is torch.Tensor and a.device.type == "cpu" and a.dim() == 0:
+        v = a.item()
+        return (_C, v, a.dtype, _copysign(1.0, v) if type(v) is float else None)
+    return None  # another tensor, a generator, a type object: values a trace cannot hold
+
+
+def learnable(pat: list):
+    """An entry's `cands` to begin with: None, or False where a CPU scalar tensor is among its
+    arguments (its value is a program scalar `Entry.learn` cannot trace to an argument)."""
+    return False if any(p is not None and p[0] is _C for p in pat) else None
 
 
 def _tensors_only(spec) -> bool:

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 import sys
 
 import pytest
@@ -220,3 +222,17 @@ def test_replay_ab_times_both_sides_and_the_replay_serves_the_step():
     assert all(len(v) == 2 and min(v) > 0 for v in res["times"].values())
     assert res["replayed_per_step"] > 200, res["replayed_per_step"]
     assert "| thread |" in replay_ab.render(res)
+
+
+@pytest.mark.subprocess
+def test_first_step_times_a_cold_process_and_its_steady_step():
+    """bench/first_step.py, cold: DeferAndFuse's first `gpt host` step compiles its programs,
+    the next two compile none."""
+    script = os.path.join(os.path.dirname(__file__), "..", "bench", "first_step.py")
+    env = {**os.environ, "DEFERFUSE_CACHE_DIR": ""}
+    out = subprocess.run([sys.executable, script, "gpt host", "defer_and_fuse", "--steps", "2"], env=env,
+                         capture_output=True, text=True, timeout=600, check=True).stdout
+    lines = out.splitlines()
+    assert re.fullmatch(r"step 0 done at [\d.]+ s: [12] programs compiled in [\d.]+ s", lines[0]), out
+    assert all(re.fullmatch(r"step \d done at [\d.]+ s: 0 programs compiled in 0.00 s", ln) for ln in lines[1:3]), out
+    assert re.search(r"steady [\d.]+ ms/step, last loss \d", lines[3]), out

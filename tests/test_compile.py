@@ -311,6 +311,28 @@ def test_a_graph_first_called_in_defer_and_fuse_then_in_strict_runs_in_both():
     torch.testing.assert_close(bt.cpu(), buf)
 
 
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_grouped_mm_compiles_in_float32_with_its_gradients(mode):
+    """PyTorch's meta kernel of `_grouped_mm` takes bfloat16 alone; on tpu, as in deferfuse's
+    eager lowering (and CPU's kernel), float32 works, forward and backward."""
+    def f(x, w, offs):
+        return torch._grouped_mm(x, w, offs).square().sum()
+
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(10, 4, generator=g), torch.randn(3, 4, 8, generator=g)  # rows of 16 bytes, as CPU asks
+    offs = torch.tensor([3, 7, 10], dtype=torch.int32)
+    xt, wt = (t.to("tpu").requires_grad_() for t in (x, w))
+    x.requires_grad_(), w.requires_grad_()
+    with deferfuse.mode(mode):
+        loss = torch.compile(f, backend="tpu")(xt, wt, offs.to("tpu"))
+        loss.backward()
+        got = [loss.detach().cpu(), xt.grad.cpu(), wt.grad.cpu()]
+    want = f(x, w, offs)
+    want.backward()
+    for a, b in zip(got, [want.detach(), x.grad, w.grad]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
 def test_a_replayed_call_in_defer_and_fuse_joins_the_pending_graph(events):
     def f(x, buf):
         buf.add_(x)  # an in-place update lands in the pending value of buf

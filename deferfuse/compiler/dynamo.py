@@ -25,10 +25,14 @@ from __future__ import annotations
 
 import torch
 from torch._dynamo import trace_rules
+from torch._subclasses import fake_impls
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._pytree import tree_map_only
 from torch._dynamo.variables import builder
 from torch._dynamo.variables.optimizer import OptimizerVariable
 from torch._dynamo.variables.torch import TorchInGraphFunctionVariable
 
+from ..lowering.linalg import grouped_mm_meta
 from ..rng import TpuGenerator
 from ..tensor import TpuTensor
 
@@ -79,6 +83,25 @@ def teach() -> None:
     OptimizerVariable._set_capturable = _set_capturable
     handlers = TorchInGraphFunctionVariable._get_handlers()  # cached by Dynamo: one dict, kept
     handlers[torch.tensor] = _tensor_via_cpu(handlers[torch.tensor])
+    fake_impls.register_op_impl(lambda func: func is _GROUPED_MM)(_grouped_mm_on_tpu)
+
+
+_GROUPED_MM = torch.ops.aten._grouped_mm.default
+
+
+def _grouped_mm_on_tpu(fake_mode, func, *args, **kwargs):
+    """`_grouped_mm` of tpu tensors in a fake trace, by deferfuse's own rule (lowering/linalg.py):
+    every floating dtype and layout its lowering takes, as transformers' Mixtral and Qwen-MoE
+    call it on tpu, where PyTorch's meta kernel keeps the Hopper kernel's rules (bfloat16 alone,
+    rows aligned to 16 bytes)."""
+    if args[0].device.type != "tpu":
+        return NotImplemented
+    meta = grouped_mm_meta(*tree_map_only(torch.Tensor, _as_meta, (args, kwargs)))
+    return FakeTensor(fake_mode, meta, args[0].device)
+
+
+def _as_meta(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
 
 
 def _tensor_via_cpu(handle):

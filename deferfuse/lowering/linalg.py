@@ -183,7 +183,7 @@ def pdist(x, p=2.0):
 _GROUPED_MM = aten._grouped_mm.default
 
 
-def _grouped_mm_meta(args, kwargs):
+def grouped_mm_meta(args, kwargs):
     """PyTorch's meta kernel takes bfloat16 alone (the Hopper kernel's rule), where CPU's kernel
     and CUDA's fallback take any floating dtype: the output's shape comes from the meta kernel
     over bfloat16 stand-ins, its dtype from the call. A call that kernel refuses, or that asks
@@ -205,7 +205,7 @@ def _grouped_mm_meta(args, kwargs):
     return torch.empty(out.shape, dtype=out.dtype, device="meta")
 
 
-@lowering(_GROUPED_MM, family="matmul", meta=_grouped_mm_meta)
+@lowering(_GROUPED_MM, family="matmul", meta=grouped_mm_meta)
 def grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
     """Mixture-of-experts layers (transformers' Mixtral and Qwen-MoE on any device but CPU):
     one product per group of rows, columns or shared dims, the groups ending at `offs`.

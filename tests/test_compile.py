@@ -333,6 +333,22 @@ def test_grouped_mm_compiles_in_float32_with_its_gradients(mode):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_a_graph_that_computes_nothing_returns_its_views(mode):
+    """A graph of views alone (wav2vec2's forward has one) records no node: there is no program
+    to replay, and every call returns the views (its first call raised a TypeError)."""
+    def f(x, y):
+        return x.view(6).unsqueeze(0), y.t()
+
+    cf = torch.compile(f, backend="tpu")
+    x, y = torch.randn(2, 3), torch.randn(3, 4)
+    with deferfuse.mode(mode):
+        for _ in range(2):
+            got = [t.cpu() for t in cf(x.to("tpu"), y.to("tpu"))]
+            for a, b in zip(got, f(x, y)):
+                torch.testing.assert_close(a, b)
+
+
 def test_a_replayed_call_in_defer_and_fuse_joins_the_pending_graph(events):
     def f(x, buf):
         buf.add_(x)  # an in-place update lands in the pending value of buf

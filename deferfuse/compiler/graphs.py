@@ -161,7 +161,7 @@ class Replay:
         finally:
             rng.marking(False)
         result = list(result)
-        if g is None or (plan is not None and plan.single is None):
+        if g is None or plan is None or plan.single is None:  # no program, or several; None: it computes nothing
             return None, result
         return Replay(g, outputs, plan, args, result, c0), result
 

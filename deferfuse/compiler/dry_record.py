@@ -33,6 +33,9 @@ class _Abandon(Exception):
     """The dry recording met something that needs a value."""
 
 
+NOTHING = object()  # `record`'s answer for a graph that records no node (views of its inputs alone)
+
+
 class _Placeholder:
     """Stands for a pending argument's value as a graph input; never given to a program."""
 
@@ -46,8 +49,8 @@ def _no_flush() -> None:
 def record(gm, args, make_replay):
     """Record `gm(*args)` without running it: `make_replay(g, outputs, result, c0)` is handed the
     graph and what it wrote, as `capture.record_whole` would have flushed them. Returns its
-    replay, with every storage as it was before the call, or None (and nothing changed) when the
-    call cannot be recorded so."""
+    replay, with every storage as it was before the call; `NOTHING` where the graph computes
+    nothing; None (and nothing changed) where the call cannot be recorded so."""
     stream = pending.PENDING
     g_old = stream.graph
     if g_old.sources is not None or stream.flushing:
@@ -71,7 +74,7 @@ def record(gm, args, make_replay):
     g.sources = []
     g.before = []
     stream.graph = g
-    stream.period = PeriodDetector(0)
+    stream.period, stream.pushed = PeriodDetector(0), 0
     CONFIG.max_pending = CONFIG.max_group_ops = 1 << 30
     CONFIG.fuse_block_ops = 0
     stream.before_flush.insert(0, _no_flush)
@@ -81,9 +84,9 @@ def record(gm, args, make_replay):
     replay = None
     try:
         result = list(gm(*args))  # in DeferAndFuse already (the caller's): no block, whose exit flushes
-        if stream.graph is g and g.nodes and len(fresh.storages) == held:
-            replay = make_replay(g, _outputs(g), result, c0)
-    except Exception:  # noqa: BLE001 - the path that runs the call raises it again
+        if stream.graph is g and len(fresh.storages) == held:
+            replay = make_replay(g, _outputs(g), result, c0) if g.nodes else NOTHING
+    except Exception as e:  # noqa: BLE001 - the path that runs the call raises it again
         replay = None
     finally:
         if replay is None:

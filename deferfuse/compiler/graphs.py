@@ -89,14 +89,21 @@ class CompiledGraph:
             ex.after_graph(replay.op.id, replay.weight)
             return out
         if replay is _RECORD and ex.kind is EagerMode.DEFER_AND_FUSE:
-            # recorded without running, then one node as every later call (dry_record.py)
-            replay = Replay.record_dry(self.gm, args)
-            if replay is not None:
-                self._recorded(sig, replay)
-                out = replay.defer(args, sources.user_frame(2))
-                ex.after_graph(replay.op.id, replay.weight)
-                return out
-            replay = _RECORD
+            if _read_by_value(args):  # never a replay (`Replay.record`): no need to flush first
+                replay = None
+                self._recorded(sig, None)
+            else:  # recorded without running, then one node as every later call (dry_record.py)
+                replay = Replay.record_dry(self.gm, args)
+                if replay is dry_record.NOTHING:  # views of its arguments alone: run each call
+                    replay = None
+                    self._recorded(sig, None)
+                elif replay is not None:
+                    self._recorded(sig, replay)
+                    out = replay.defer(args, sources.user_frame(2))
+                    ex.after_graph(replay.op.id, replay.weight)
+                    return out
+                else:
+                    replay = _RECORD
         elif replay is not None and replay is not _RECORD and replay.plan is None and replay.op is not None:
             replay = _RECORD  # recorded without a program, called outside DeferAndFuse: record with one
         if replay is None and ex.kind is EagerMode.DEFER_AND_FUSE:
@@ -169,8 +176,6 @@ class Replay:
     def record_dry(gm, args) -> Replay | None:
         """DeferAndFuse's first call: the graph recorded without running it (dry_record.py), its
         replay to be deferred as a node; None where it must be recorded by `record`."""
-        if _read_by_value(args):
-            return None
 
         def make(g, outputs, result, c0):
             replay = Replay(g, outputs, None, args, result, c0, dry=True)

@@ -353,6 +353,26 @@ def test_a_graph_that_computes_nothing_returns_its_views(mode):
                 torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("called_before", [False, True])
+def test_a_captured_step_calling_a_compiled_function_computes_it_anew_each_replay(called_before):
+    """Inside `deferfuse.capture` a compiled graph's ops join the captured step. Run as a program
+    of its own there (a graph called before), its value at capture time was a constant of every
+    replay: wrong for new inputs. First called inside the capture, it flushed, and capture failed."""
+    def f(x, w):
+        return torch.tanh(x @ w)
+
+    cf = torch.compile(f, backend="tpu")
+    g = torch.Generator().manual_seed(0)
+    x, w, x2 = torch.randn(4, 3, generator=g), torch.randn(3, 2, generator=g), torch.randn(4, 3, generator=g)
+    xt, wt = x.to("tpu"), w.to("tpu")
+    if called_before:
+        with deferfuse.mode():
+            torch.testing.assert_close(cf(xt, wt).cpu(), f(x, w))
+    cap = deferfuse.capture(lambda t: cf(t, wt) * 2, xt)
+    torch.testing.assert_close(cap(xt).cpu(), f(x, w) * 2)
+    torch.testing.assert_close(cap(x2.to("tpu")).cpu(), f(x2, w) * 2)
+
+
 def test_a_replayed_call_in_defer_and_fuse_joins_the_pending_graph(events):
     def f(x, buf):
         buf.add_(x)  # an in-place update lands in the pending value of buf

@@ -88,6 +88,10 @@ class CompiledGraph:
             out = replay.defer(args, sources.user_frame(2))
             ex.after_graph(replay.op.id, replay.weight)
             return out
+        if ex.kind is EagerMode.DEFER_AND_FUSE and pending.PENDING.graph.sources is not None:
+            # inside `deferfuse.capture`: the graph's ops join the captured step, whose replays
+            # must compute them anew (run apart, the capture kept their first values)
+            return list(self.gm(*args))
         if replay is _RECORD and ex.kind is EagerMode.DEFER_AND_FUSE:
             if _read_by_value(args):  # never a replay (`Replay.record`): no need to flush first
                 replay = None

@@ -267,6 +267,20 @@ class Graph:
             raise
         return idx << OUT_BITS
 
+    def live_outputs(self) -> tuple[list, dict[int, int]]:
+        """The storages still alive and pending here, and each distinct ref's position among a
+        flush's outputs (first seen, first): what a flush of this graph writes, and where."""
+        live = []
+        seen: set[int] = set()  # pending here, then concrete, then pending again: listed twice
+        refs: dict[int, int] = {}
+        for w in self.storages:
+            s = w()
+            if s is not None and s.graph is self and id(s) not in seen:
+                seen.add(id(s))
+                live.append(s)
+                refs.setdefault(s.ref, len(refs))
+        return live, refs
+
     def track(self, storage) -> None:
         self.storages.append(weakref.ref(storage))
 

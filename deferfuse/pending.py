@@ -243,14 +243,9 @@ def _flush(cause: str, where=None) -> list:
         PENDING.graph = Graph()
         PENDING.pushed = 0
         t0 = time.perf_counter()
-        for w in g.storages:
-            s = w()
-            if s is not None and s.graph is g:
-                s.graph = None  # marks it collected; restored below only on failure
-                live.append(s)
-                r = s.ref
-                if r not in refs:
-                    refs[r] = len(refs)
+        live, refs = g.live_outputs()
+        for s in live:
+            s.graph = None  # marks it collected; restored below only on failure
         out_refs = tuple(refs)
         try:
             results, plan, hit = cache.execute(g, out_refs, cause, where, live, refs)

@@ -86,7 +86,7 @@ def record(gm, args, make_replay):
         result = list(gm(*args))  # in DeferAndFuse already (the caller's): no block, whose exit flushes
         if stream.graph is g and len(fresh.storages) == held:
             replay = make_replay(g, _outputs(g), result, c0) if g.nodes else NOTHING
-    except Exception as e:  # noqa: BLE001 - the path that runs the call raises it again
+    except Exception:  # noqa: BLE001 - the path that runs the call raises it again
         replay = None
     finally:
         if replay is None:
@@ -107,12 +107,6 @@ def record(gm, args, make_replay):
 
 
 def _outputs(g: Graph) -> list:
-    """(storage, output index) of each live storage pending in g, in the order a flush of g
-    numbers its outputs (pending._flush)."""
-    refs: dict[int, int] = {}
-    outputs = []
-    for w in g.storages:
-        st = w()
-        if st is not None and st.graph is g:
-            outputs.append((st, refs.setdefault(st.ref, len(refs))))
-    return outputs
+    """(storage, output index) of each storage a flush of g would write (Graph.live_outputs)."""
+    live, refs = g.live_outputs()
+    return [(st, refs[st.ref]) for st in live]

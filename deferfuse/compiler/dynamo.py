@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import torch
 from torch._dynamo import trace_rules
-from torch._subclasses import fake_impls
-from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._pytree import tree_map_only
 from torch._dynamo.variables import builder
 from torch._dynamo.variables.optimizer import OptimizerVariable
 from torch._dynamo.variables.torch import TorchInGraphFunctionVariable
+from torch._subclasses import fake_impls
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._pytree import tree_map_only
 
 from ..lowering.linalg import grouped_mm_meta
 from ..rng import TpuGenerator

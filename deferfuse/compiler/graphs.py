@@ -84,33 +84,21 @@ class CompiledGraph:
         sig = signature(args)
         replay = self.replays.get(sig, _RECORD)
         ex = modes.current()
-        if replay is not None and replay is not _RECORD and ex.kind is EagerMode.DEFER_AND_FUSE and replay.deferrable:
-            out = replay.defer(args, sources.user_frame(2))
-            ex.after_graph(replay.op.id, replay.weight)
-            return out
-        if ex.kind is EagerMode.DEFER_AND_FUSE and pending.PENDING.graph.sources is not None:
+        deferred = ex.kind is EagerMode.DEFER_AND_FUSE
+        if deferred and pending.PENDING.graph.sources is not None:
             # inside `deferfuse.capture`: the graph's ops join the captured step, whose replays
             # must compute them anew (run apart, the capture kept their first values)
             return list(self.gm(*args))
-        if replay is _RECORD and ex.kind is EagerMode.DEFER_AND_FUSE:
-            if _read_by_value(args):  # never a replay (`Replay.record`): no need to flush first
-                replay = None
-                self._recorded(sig, None)
-            else:  # recorded without running, then one node as every later call (dry_record.py)
-                replay = Replay.record_dry(self.gm, args)
-                if replay is dry_record.NOTHING:  # views of its arguments alone: run each call
-                    replay = None
-                    self._recorded(sig, None)
-                elif replay is not None:
-                    self._recorded(sig, replay)
-                    out = replay.defer(args, sources.user_frame(2))
-                    ex.after_graph(replay.op.id, replay.weight)
-                    return out
-                else:
-                    replay = _RECORD
-        elif replay is not None and replay is not _RECORD and replay.plan is None and replay.op is not None:
-            replay = _RECORD  # recorded without a program, called outside DeferAndFuse: record with one
-        if replay is None and ex.kind is EagerMode.DEFER_AND_FUSE:
+        if deferred and replay is _RECORD:
+            replay = self._record_dry(sig, args)
+        if replay is not None and replay is not _RECORD:
+            if deferred and replay.deferrable:
+                out = replay.defer(args, sources.user_frame(2))
+                ex.after_graph(replay.op.id, replay.weight)
+                return out
+            if replay.plan is None and replay.op is not None:
+                replay = _RECORD  # recorded without a program, called outside DeferAndFuse: record with one
+        if replay is None and deferred:
             # its ops join the pending graph as eager DeferAndFuse ops would: an optimizer step
             # taking a scheduled lr fuses with the step's replayed graphs into one program
             return list(self.gm(*args))
@@ -125,6 +113,22 @@ class CompiledGraph:
             self._recorded(sig, replay)
             return out
         return replay(args)
+
+    def _record_dry(self, sig: tuple, args):
+        """DeferAndFuse's first call with `sig`: the graph recorded without running it
+        (dry_record.py), kept as the replay every call defers; None, kept too, where the graph
+        never replays (an argument read by value, or views of its arguments alone), so that it
+        need not flush first; `_RECORD` where recording needs a value (`Replay.record` then)."""
+        if _read_by_value(args):
+            replay = None
+        else:
+            replay = Replay.record_dry(self.gm, args)
+            if replay is None:
+                return _RECORD
+            if replay is dry_record.NOTHING:
+                replay = None
+        self._recorded(sig, replay)
+        return replay
 
     def _recorded(self, sig: tuple, replay) -> None:
         self.replays[sig] = replay

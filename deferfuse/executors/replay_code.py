@@ -34,8 +34,9 @@ def _undo(g, i0: int) -> None:
 
 
 def compile_entry(e):
-    ns = {"MISS": MISS, "TT": TpuTensor, "Tensor": torch.Tensor, "copysign": math.copysign, "Storage": Storage, "wr": weakref.ref,
-          "new_tensor": new_tensor, "unflatten": unflatten_outputs, "METRICS": METRICS, "undo": _undo}
+    ns = {"MISS": MISS, "TT": TpuTensor, "Tensor": torch.Tensor, "copysign": math.copysign, "Storage": Storage,
+          "wr": weakref.ref, "new_tensor": new_tensor, "unflatten": unflatten_outputs, "METRICS": METRICS,
+          "undo": _undo}
     lines: list[str] = []
     consts: list = []
 

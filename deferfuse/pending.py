@@ -5,6 +5,7 @@ sync points; so a Strict op and a one-op DeferAndFuse group are the same cache e
 """
 from __future__ import annotations
 
+import gc
 import time
 import weakref
 
@@ -39,6 +40,7 @@ class Pending:
         # called as a flush of recorded nodes begins, before it decides which values are live
         # (the step replay lets go of the storages it holds: executors/replay.py)
         self.before_flush: list = []
+        self.garbage = False  # Dynamo compiled a frame since the last flush (compiler/backend.py)
 
 
 PENDING = Pending()
@@ -217,6 +219,11 @@ def _flush(cause: str, where=None) -> list:
     (interrupts.py); another exception that lands before the programs have consumed any input
     leaves the work pending as it was, and one that lands after them still puts their values in
     place (see `_interrupted`)."""
+    if PENDING.garbage and cause not in ONE_OP and PENDING.graph.nodes and PENDING.graph.sources is None:
+        # Dynamo's tracing leaves cycles holding a frame's real tensors, live as outputs of the first
+        # step's program alone until the collector runs; a finalizer's op lands before g is read
+        PENDING.garbage = False
+        gc.collect()
     g = PENDING.graph
     # After these the op stream starts afresh. A host read (`.item()` every N steps) is part of a
     # loop's period, not a break in it: the heuristic keeps cutting in the same places, so the

@@ -12,7 +12,9 @@ import torch
 import torch.fx.passes._tensorify_python_scalars as tensorify
 from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
+from torch._dynamo.callback import callback_handler
 
+from .. import pending
 from ..target import NAME
 from . import dynamo
 from .graphs import CompiledGraph
@@ -41,8 +43,17 @@ _aot = aot_autograd(fw_compiler=_forward, bw_compiler=_backward, inference_compi
 _compiling = threading.local()
 
 
+def _compiled_a_frame(_args) -> None:
+    """The frame's tracer is garbage now, in cycles holding its real tensors: the next flush
+    collects them first (`pending._flush`)."""
+    pending.PENDING.garbage = True
+
+
 def tpu(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """torch.compile(fn, backend="tpu")."""
+    if _compiled_a_frame not in callback_handler.end_callbacks:  # torch._dynamo.reset() clears them
+        callback_handler.register_end_callback(_compiled_a_frame)
+    pending.PENDING.garbage = True
     _compiling.depth = getattr(_compiling, "depth", 0) + 1
     try:
         return _aot(gm, example_inputs, **kwargs)

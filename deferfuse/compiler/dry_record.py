@@ -60,8 +60,8 @@ def record(gm, args, make_replay):
     if fresh.storages:  # an optimizer's new state, made apart as before any op that may read it
         fresh.run(stream)
     saved_fresh = (fresh.graph, fresh.first, list(fresh.storages))
-    saved = (stream.period, stream.pushed, stream.where, CONFIG.max_pending, CONFIG.max_group_ops,
-             CONFIG.fuse_block_ops)
+    saved = (stream.period, stream.pushed, stream.where, stream.cut_due, ex.checks_before, CONFIG.max_pending,
+             CONFIG.max_group_ops, CONFIG.fuse_block_ops)
     states = {}
     for a in args:
         if type(a) is TpuTensor:
@@ -75,6 +75,10 @@ def record(gm, args, make_replay):
     g.before = []
     stream.graph = g
     stream.period, stream.pushed = PeriodDetector(0), 0
+    # what the executor owes the next op (an optimizer step's cut, a traced step's beginning) is
+    # owed to the op after this call, as on every later call, which records no op: spent on the
+    # dry graph, the first step cut elsewhere than the rest and compiled a program of its own
+    stream.cut_due, ex.checks_before = None, False
     CONFIG.max_pending = CONFIG.max_group_ops = 1 << 30
     CONFIG.fuse_block_ops = 0
     stream.before_flush.insert(0, _no_flush)
@@ -100,8 +104,8 @@ def record(gm, args, make_replay):
         for st, value, graph, ref, error in states.values():
             st.value, st.graph, st.ref, st.error = value, graph, ref, error
         stream.graph = g_old
-        (stream.period, stream.pushed, stream.where, CONFIG.max_pending, CONFIG.max_group_ops,
-         CONFIG.fuse_block_ops) = saved
+        (stream.period, stream.pushed, stream.where, stream.cut_due, ex.checks_before, CONFIG.max_pending,
+         CONFIG.max_group_ops, CONFIG.fuse_block_ops) = saved
         fresh.graph, fresh.first, fresh.storages = saved_fresh
     return replay
 

@@ -6,9 +6,14 @@ among its fake ones and failed on every HF decoder (compiler/dynamo.py).
 """
 from __future__ import annotations
 
+import copy
+import gc
+
 import pytest
 import torch
+import torch._dynamo
 
+import deferfuse
 import zoo_harness as H
 from test_zoo import SPECS
 
@@ -36,3 +41,54 @@ def test_a_compiled_hugging_face_decoder_trains_to_cpus_losses(name):
     want, _ = H.run_loop(spec, "cpu", steps=3)
     got, _ = H.run_loop(spec, "tpu", steps=3, compiled=True)  # forward compiled; backward, AdamW eager
     H.assert_matches(got, want, f"{name}: the losses of three compiled steps")
+
+
+
+@pytest.mark.parametrize("detach", [False, True], ids=["returns_the_loss", "detaches_it_after_the_step"])
+def test_a_compiled_training_step_compiles_once_whatever_the_collectors_timing(detach):
+    """The first step's program is the steady step's, under two ways it was not:
+    - Dynamo's tracing of a frame leaves reference cycles holding its real tensors (GPT-2's
+      output: its logits and KV cache). With the collector yet to run (off here, its worst
+      timing) they were counted live at the first step's flush: five outputs more than later
+      steps, so the second step compiled again;
+    - an op after the optimizer step (`detach`) is the first call of a graph, recorded dry: the
+      cut owed to it was spent on the dry recording, so the first step flushed elsewhere."""
+    import transformers
+
+    torch._dynamo.reset()  # each case compiles its frames afresh (the cut's case: its first call)
+    cfg = transformers.GPT2Config(vocab_size=64, n_embd=16, n_layer=1, n_head=2, n_positions=16, resid_pdrop=0.0,
+                                  embd_pdrop=0.0, attn_pdrop=0.0)
+    torch.manual_seed(0)
+    ref = transformers.GPT2LMHeadModel(cfg).train()
+    model = copy.deepcopy(ref).to("tpu")
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(4))
+
+    def train(model, ids, compiled):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+        def step_fn():
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach() if detach else loss
+
+        step = torch.compile(step_fn, backend="tpu") if compiled else step_fn
+        losses, programs = [], []
+        for _ in range(3):
+            before = deferfuse.metrics()["programs_compiled"]
+            losses.append(step())
+            deferfuse.sync()
+            programs.append(deferfuse.metrics()["programs_compiled"] - before)
+        return torch.stack(losses).detach(), programs
+
+    want, _ = train(ref, ids, False)
+    gc.collect()
+    gc.disable()
+    try:
+        with deferfuse.mode():
+            got, programs = train(model, ids.to("tpu"), True)
+    finally:
+        gc.enable()
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)
+    assert programs[0] <= 2 and programs[1:] == [0, 0], programs

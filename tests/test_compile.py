@@ -353,6 +353,8 @@ def test_a_graph_that_computes_nothing_returns_its_views(mode):
                 torch.testing.assert_close(a, b)
 
 
+@pytest.mark.tpu_tolerance(times=6, why="XLA:TPU's float32 tanh of a bf16-pass matmul: on the chip at dc862e3, "
+                                        "3.3e-5 absolute on 0.54, 3.1 times")
 @pytest.mark.parametrize("called_before", [False, True])
 def test_a_captured_step_calling_a_compiled_function_computes_it_anew_each_replay(called_before):
     """Inside `deferfuse.capture` a compiled graph's ops join the captured step. Run as a program
@@ -373,6 +375,8 @@ def test_a_captured_step_calling_a_compiled_function_computes_it_anew_each_repla
     torch.testing.assert_close(cap(x2.to("tpu")).cpu(), f(x2, w) * 2)
 
 
+@pytest.mark.tpu_tolerance(times=8, why="XLA:TPU's float32 exp: on the chip at dc862e3, 1.3e-4 absolute and "
+                                        "5.2e-6 relative, at most 4 times")
 def test_a_replayed_call_in_defer_and_fuse_joins_the_pending_graph(events):
     def f(x, buf):
         buf.add_(x)  # an in-place update lands in the pending value of buf

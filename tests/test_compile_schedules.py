@@ -65,6 +65,8 @@ def _train(opt_name, sched_name, mode=None):
     return graphs, programs, runs
 
 
+@pytest.mark.tpu_tolerance(times=3, why="eight AdamW steps through bf16-pass matmuls: on the chip at dc862e3, "
+                                        "1.6e-6 absolute on a weight of 1.0e-3, 1.5 times")
 @pytest.mark.parametrize("sched_name", list(SCHEDULES))
 @pytest.mark.parametrize("opt_name", list(OPTIMIZERS))
 def test_a_scheduled_learning_rate_compiles_nothing_per_step(opt_name, sched_name):

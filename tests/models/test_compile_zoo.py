@@ -44,6 +44,8 @@ def test_a_compiled_hugging_face_decoder_trains_to_cpus_losses(name):
 
 
 
+@pytest.mark.tpu_tolerance(times=3, why="three AdamW steps of GPT-2 through bf16-pass matmuls: on the chip at "
+                                        "dc862e3, 5.5e-5 absolute on a loss of 3.7, 1.4 times")
 @pytest.mark.parametrize("detach", [False, True], ids=["returns_the_loss", "detaches_it_after_the_step"])
 def test_a_compiled_training_step_compiles_once_whatever_the_collectors_timing(detach):
     """The first step's program is the steady step's, under two ways it was not:

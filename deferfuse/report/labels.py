@@ -113,7 +113,8 @@ def why_text(why: dict | None, recompile: bool = True) -> str:
     if what == "length":
         return f"number of recorded nodes changed: {b} -> {n}"
     if what == "outputs":
-        return f"number of outputs changed: {b} -> {n}"
+        return (f"number of outputs changed: {b} -> {n} (the tensors still alive when the graph ran: one kept "
+                "from another step, or one only a reference cycle holds until Python's collector runs)")
     if what == "donation":
         return ("same graph, but a different set of inputs was free to donate to outputs (some value "
                 "was held elsewhere this time, or released): compiled a variant that reuses their buffers")

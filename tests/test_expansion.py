@@ -14,6 +14,7 @@ _lib.define("noisy(Tensor x) -> Tensor")
 _lib.define("by_sign(Tensor x) -> Tensor")
 _lib.define("scaled(Tensor x) -> Tensor")
 _lib.define("times(Tensor x, Tensor s) -> Tensor")
+_lib.define("b_first(Tensor a, Tensor b) -> Tensor")
 
 
 def _noisy(x):
@@ -33,7 +34,13 @@ def _times(x, s):
     return x * s + 1
 
 
-for _name, _fn in (("noisy", _noisy), ("by_sign", _by_sign), ("scaled", _scaled), ("times", _times)):
+def _b_first(a, b):
+    # reads b before a; its output is a view, so the expansion is never kept
+    return (b * 2 + a).t()
+
+
+for _name, _fn in (("noisy", _noisy), ("by_sign", _by_sign), ("scaled", _scaled), ("times", _times),
+                    ("b_first", _b_first)):
     _lib.impl(_name, _fn, "CompositeExplicitAutograd")
 
 
@@ -124,3 +131,21 @@ def test_host_reads_are_not_baked_in():
         return outs
 
     check_all_modes(fn)
+
+
+def test_an_expansion_never_kept_records_what_its_first_call_recorded():
+    """The first call takes its tensors' graph inputs before expanding (to check what a kept
+    composite would read); the later calls of a signature never kept did not, so their inputs came
+    in the expansion's order: another graph, and the first step's program was not the next's
+    (GroupNorm's backward, in wav2vec2's training step)."""
+    g = torch.Generator().manual_seed(0)
+    pairs = [(torch.randn(3, 4, generator=g), torch.randn(3, 4, generator=g)) for _ in range(3)]
+    compiled, got = [], []
+    with deferfuse.mode():
+        for a, b in pairs:
+            before = deferfuse.metrics()["programs_compiled"]
+            got.append(torch.ops.dfexp_test.b_first(a.to("tpu"), b.to("tpu")).cpu())
+            compiled.append(deferfuse.metrics()["programs_compiled"] - before)
+    for out, (a, b) in zip(got, pairs):
+        torch.testing.assert_close(out, _b_first(a, b))
+    assert compiled == [1, 0, 0], compiled

@@ -54,6 +54,9 @@ _DECOMPOSING: set = set()
 _KEPT: dict = {}
 dtypes.on_default_dtype_change(_KEPT.clear)
 _MISSING = object()
+# a signature that always expands, whose first call took its tensors' graph inputs first: every
+# call does, so each records the first call's graph (inputs in the same order)
+_REFS_FIRST = object()
 
 
 def run(func, args: tuple, kwargs: dict, expand: Callable):
@@ -64,6 +67,11 @@ def run(func, args: tuple, kwargs: dict, expand: Callable):
         return expand()
     r = _KEPT.get(key, _MISSING)
     if r is None:
+        return expand()
+    if r is _REFS_FIRST:
+        g = pending.PENDING.graph
+        for t in tensors:
+            pending.tensor_ref(g, t)
         return expand()
     if r is not _MISSING and r.op.precision is not None and r.op.precision != matmul_precision():
         r = _MISSING  # its contractions were traced at another precision: expand and keep anew
@@ -102,7 +110,7 @@ def _learn(name: str, key, tensors, expand: Callable):
         and all(st.value is v and st.graph is gr and st.ref == ref for st, v, gr, ref in inputs_before)
     ):
         kept = _composite(name, key, g, n0, in_refs, out)
-    _KEPT[key] = kept
+    _KEPT[key] = _REFS_FIRST if kept is None else kept
     if kept is not None and g.roll_back(mark, _RECORDED_AGAIN):
         return emit(kept, tensors, [])
     return out

@@ -93,6 +93,33 @@ print(json.dumps({{"loaded": m["programs_loaded"], "hits": m["persistent_cache_h
 
 
 @pytest.mark.subprocess
+def test_a_warm_process_loads_torch_compiles_programs_too(tmp_path):
+    """A graph torch.compile made is one op whose key names its nodes by their op ids; spelled
+    with each node's own token it is stored like any program: a warm run of a compiled training
+    step loads its programs, each the one tracing makes, and traces none (it traced them all)."""
+    code = f"""
+import json, sys, jax
+sys.path[:0] = [{os.path.join(ROOT, "bench")!r}, {os.path.join(ROOT, "examples")!r}]
+traces = []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, duration, **_: traces.append(event) if event == "/jax/core/compile/jaxpr_trace_duration" else None)
+import deferfuse, workloads
+w = workloads.WORKLOADS["gpt host (4 layers, d16, T8, B2)"]("compiled")
+losses = [float(w.step().detach()) for _ in range(3)]
+m = deferfuse.metrics()
+print(json.dumps({{"losses": losses, "compiled": m["programs_compiled"], "loaded": m["programs_loaded"],
+                  "traces": len(traces)}}))
+"""
+    cold = _run(str(tmp_path), code)
+    verified = _run(str(tmp_path), code, DEFERFUSE_CACHE_VERIFY="1")
+    warm = _run(str(tmp_path), code, DEFERFUSE_CACHE_VERIFY="0")
+    assert cold["loaded"] == 0 and cold["compiled"] >= 2 and cold["traces"] > 0
+    assert verified["loaded"] == warm["loaded"] == cold["compiled"], (cold, verified, warm)
+    assert warm["traces"] == 0, warm
+    assert warm["losses"] == verified["losses"] == cold["losses"]
+
+
+@pytest.mark.subprocess
 def test_a_program_jax_cache_served_is_not_stored_again(tmp_path):
     """`|` on bools and `logical_or` lower alike: in Strict the second is a hit in JAX's cache
     within the first process. An XLA:CPU executable serialized again after that load came back
@@ -165,8 +192,8 @@ def test_the_key_tells_apart_what_a_trace_tells_apart():
 
 
 def test_an_op_whose_key_holds_a_process_local_value_is_not_stored():
-    """A graph compiled by torch.compile is an op whose key holds its nodes' op ids: no other
-    process would read them alike, so its programs go through JAX's cache instead."""
+    """An op id, a function: no other process would read them alike, so a key holding one is not
+    spelled (a graph torch.compile made is spelled with its nodes' tokens instead of their ids)."""
     from deferfuse.interned import OpId
 
     assert stored._canon(OpId(3), []) is False

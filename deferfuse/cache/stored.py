@@ -10,9 +10,9 @@ overload id as its name), that key names the program across processes too, once 
 everything outside it that a trace reads: the versions of deferfuse's source, torch, JAX and
 jaxlib, the device, JAX's flags, XLA's and deferfuse's settings.
 
-A key holding a value this module cannot read back (a function, an op id: a graph compiled by
-torch.compile, a program with collectives) is not stored: its programs go through JAX's cache as
-before. A stored entry also keeps a hash of its lowered program, and `DEFERFUSE_CACHE_VERIFY=1`
+A key holding a value this module cannot read back (a function, a program with collectives) is
+not stored: its programs go through JAX's cache as before. A graph torch.compile made is an op
+whose key holds its nodes' op ids: it is spelled with those ops' own tokens. A stored entry also keeps a hash of its lowered program, and `DEFERFUSE_CACHE_VERIFY=1`
 traces every program it loads and raises if the two differ: the tests run their workloads
 twice that way, so a key that leaves something out fails a test, not a user's run.
 """
@@ -103,9 +103,30 @@ def op_token(op: Op) -> str | None:
     except KeyError:
         pass
     out: list[str] = [op.name, op.family, str(op.n_scalars), str(op.host), repr(op.precision)]
-    ok = op.portable and _canon(op.key, out) and _canon([(tuple(s), np.dtype(d)) for s, d in op.out_avals], out)
+    key_spelled = _canon_graph(op.key, out) if op.family == "compiled" else _canon(op.key, out)
+    ok = op.portable and key_spelled and _canon([(tuple(s), np.dtype(d)) for s, d in op.out_avals], out)
     _OP_TOKENS[op] = token = "\x1f".join(out) if ok else None
     return token
+
+
+_BY_ID: dict = {}
+
+
+def _canon_graph(key: tuple, out: list) -> bool:
+    """A graph torch.compile made (compiler/graphs.py `_graph_op`): its key holds each node's op
+    id, which only this process can read; each is spelled as that op's own token instead."""
+    tag, sig, *rest = key
+    out.append(tag)
+    for op_id, refs in sig:
+        inner = _BY_ID.get(op_id)
+        if inner is None:  # ops interned since the last lookup
+            _BY_ID.update((o.id, o) for o in Op._interned.values())
+            inner = _BY_ID.get(op_id)
+        token = op_token(inner) if inner is not None else None
+        if token is None or not _canon(refs, out):
+            return False
+        out.append(token)
+    return _canon(tuple(rest), out)
 
 
 def program_key(nodes, group_nodes, key: tuple, layout) -> str | None:

@@ -251,6 +251,12 @@ class Graph:
             self.input_avals.append((shape, dtype))
         return -(pos + 1)
 
+    def forget_inputs(self, i0: int) -> None:
+        """Forget the inputs registered from position i0 on, which no node reads."""
+        for v in self.inputs[i0:]:
+            self.input_pos.pop(id(v), None)
+        del self.inputs[i0:], self.input_avals[i0:]
+
     def add(self, op: Op, inputs: tuple, scalars, where) -> int:
         idx = len(self.nodes)
         lo = len(self.scalars)

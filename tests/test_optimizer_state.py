@@ -167,3 +167,36 @@ def test_a_value_made_from_nothing_is_read_without_compiling_again():
             deferfuse.sync()
         assert _xla_compiles() - n0 == deferfuse.metrics()["programs_compiled"] - p0 <= 1
         torch.testing.assert_close(z.cpu(), want)
+
+
+@pytest.mark.tpu_tolerance(times=4, why="Adam steps through bf16-pass matmuls and XLA:TPU's sqrt, as the first test")
+def test_a_step_read_on_the_host_before_the_optimizer_compiles_once():
+    """`loss.item()` before `opt.step()` (a loop logging its loss) flushes: the update begins a
+    graph, whose first nodes are the state's fills, each reading its parameter. Run apart, they
+    left those parameters registered as the graph's first inputs, in the fills' order; later steps
+    register them in the update's (Adam's reads its moments first), so the second step compiled
+    the update again."""
+    def train(device, mode=None):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).to(device)
+        opt = torch.optim.Adam(model.parameters(), lr=0.05)
+        g = torch.Generator().manual_seed(1)
+        losses, programs = [], []
+        with deferfuse.mode(mode) if mode else contextlib.nullcontext():
+            for _ in range(4):
+                before = deferfuse.metrics()["programs_compiled"]
+                x, t = torch.randn(5, 6, generator=g).to(device), torch.randint(0, 3, (5,), generator=g).to(device)
+                loss = F.cross_entropy(model(x), t)
+                loss.backward()
+                losses.append(loss.item())
+                opt.step()
+                opt.zero_grad()
+                deferfuse.sync()
+                programs.append(deferfuse.metrics()["programs_compiled"] - before)
+        return losses, [p.detach().cpu() for p in model.parameters()], programs
+
+    want, want_params, _ = train("cpu")
+    got, params, programs = train("tpu", "defer_and_fuse")
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(params, want_params)
+    assert programs[1:] == [0, 0, 0], programs

@@ -77,6 +77,10 @@ class FreshState:
         # graph is as it was, whatever was raised
         scalar_lo = g.nodes[first].scalar_lo
         del g.nodes[first:], g.sig[first:], g.scalars[scalar_lo:]
+        # and the inputs only they read (each fill reads a parameter for its shape): registered by
+        # them, the step would take its parameters in the fills' order where later steps take them
+        # in the update's (Adam's, after a sync point): another program at the second step
+        g.forget_inputs(1 + max((-r - 1 for node in g.nodes for r in node.inputs if r < 0), default=-1))
         mine = {id(st) for st in held}
         g.storages[:] = [w for w in g.storages if id(w()) not in mine]
         for st, value in zip(held, results):

@@ -19,6 +19,7 @@ import weakref
 import torch
 
 from ..events import METRICS
+from ..graph import Graph
 from ..meta import unflatten_outputs
 from ..tensor import Storage, TpuTensor, new_tensor
 from .replay_entry import _C, _F, _S, _U, _V
@@ -26,17 +27,10 @@ from .replay_entry import _C, _F, _S, _U, _V
 MISS = object()
 
 
-def _undo(g, i0: int) -> None:
-    """Forget the inputs registered from position i0 on (a later one was not where the trace had it)."""
-    for v in g.inputs[i0:]:
-        g.input_pos.pop(id(v), None)
-    del g.inputs[i0:], g.input_avals[i0:]
-
-
 def compile_entry(e):
     ns = {"MISS": MISS, "TT": TpuTensor, "Tensor": torch.Tensor, "copysign": math.copysign, "Storage": Storage,
           "wr": weakref.ref, "new_tensor": new_tensor, "unflatten": unflatten_outputs, "METRICS": METRICS,
-          "undo": _undo}
+          "undo": Graph.forget_inputs}  # a later input was not where the trace had it
     lines: list[str] = []
     consts: list = []
 

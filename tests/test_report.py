@@ -412,6 +412,7 @@ def test_build_not_collecting_keeps_counters():
 def test_why_text_covers_every_kind():
     cases = {
         "input": {"what": "input", "input": 1, "before": "a", "now": "b"},
+        "input_order": {"what": "input_order", "input": 1, "before": "a", "now": "b"},
         "inputs": {"what": "inputs", "before": 2, "now": 3},
         "op_args": {"what": "op_args", "op": "aten.ones.default", "where": "u.py:3", "before": "4", "now": "5"},
         "structure": {"what": "structure", "node": 2, "where": "u.py:3", "before": "aten.add.Tensor", "now": "aten.mul.Tensor"},
@@ -424,6 +425,18 @@ def test_why_text_covers_every_kind():
     assert "reference cycle" in texts["outputs"]  # what makes a count of live tensors change
     assert len(set(texts.values())) == len(texts)
     assert collect.why_text(None, recompile=False) == "first compile at this site"
+
+
+def test_a_miss_on_the_same_inputs_in_another_order_says_so():
+    """wav2vec2's step 1 once compiled again on two inputs swapped: "input #89 changed shape" sent
+    one looking for a new shape where there was none."""
+    from deferfuse.cache.key import Key, explain_miss
+
+    a, b = ((2, 16), torch.float32), ((16,), torch.float32)
+    prev = Key.of([], (), (a, b, a))
+    assert explain_miss(prev, Key.of([], (), (b, a, a)), None) == {
+        "what": "input_order", "input": 0, "before": "torch.float32[2, 16]", "now": "torch.float32[16]"}
+    assert explain_miss(prev, Key.of([], (), (a, a, a)), None)["what"] == "input"
 
 
 def test_split_argv():

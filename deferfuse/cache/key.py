@@ -53,9 +53,11 @@ def explain_miss(prev: Key | None, key: Key, g: Graph) -> dict | None:
     if prev is None:
         return None
     if prev.avals != key.avals:
+        # the same inputs, taken in another order: something read one of them first this time
+        what = "input_order" if sorted(map(repr, prev.avals)) == sorted(map(repr, key.avals)) else "input"
         for i, (a, b) in enumerate(zip(prev.avals, key.avals)):
             if a != b:
-                return {"what": "input", "input": i, "before": _aval_str(a), "now": _aval_str(b)}
+                return {"what": what, "input": i, "before": _aval_str(a), "now": _aval_str(b)}
         return {"what": "inputs", "before": len(prev.avals), "now": len(key.avals)}
     ops = {op.id: op for op in Op._interned.values()}
     for i, (a, b) in enumerate(zip(prev.sig, key.sig)):

@@ -102,6 +102,9 @@ def why_text(why: dict | None, recompile: bool = True) -> str:
     b, n = why.get("before"), why.get("now")
     if what == "input":
         return f"input #{why.get('input')} changed shape/dtype: {b} -> {n}"
+    if what == "input_order":
+        return (f"the same inputs in another order (#{why.get('input')}: {b} -> {n}): the step read one "
+                "of them first somewhere else this time")
     if what == "inputs":
         return f"number of inputs changed: {b} -> {n}"
     if what == "precision":

@@ -12,9 +12,10 @@ jaxlib, the device, JAX's flags, XLA's and deferfuse's settings.
 
 A key holding a value this module cannot read back (a function, a program with collectives) is
 not stored: its programs go through JAX's cache as before. A graph torch.compile made is an op
-whose key holds its nodes' op ids: it is spelled with those ops' own tokens. A stored entry also keeps a hash of its lowered program, and `DEFERFUSE_CACHE_VERIFY=1`
-traces every program it loads and raises if the two differ: the tests run their workloads
-twice that way, so a key that leaves something out fails a test, not a user's run.
+whose key holds its nodes' op ids: it is spelled with those ops' own tokens. A stored entry also
+keeps a hash of its lowered program, and `DEFERFUSE_CACHE_VERIFY=1` traces every program it loads
+and raises if the two differ: the tests run their workloads twice that way, so a key that leaves
+something out fails a test, not a user's run.
 """
 from __future__ import annotations
 

@@ -32,6 +32,7 @@ class Op:
     __slots__ = ("id", "name", "fn", "out_avals", "n_scalars", "host", "family", "key", "shape_hash", "precision",
                  "portable", "__weakref__")
     _interned: dict[Any, "Op"] = {}
+    _by_id: dict[OpId, "Op"] = {}
 
     def __init__(self, key, name, fn, out_avals, n_scalars, host=False, family="other", precision=None,
                  portable=True):
@@ -57,6 +58,15 @@ class Op:
         if op is None:
             op = make()
             cls._interned[key] = op
+        return op
+
+    @classmethod
+    def of_id(cls, op_id) -> "Op | None":
+        """The interned op with this id (a key holds ids, not ops), or None."""
+        op = cls._by_id.get(op_id)
+        if op is None:  # ops interned since the last lookup
+            cls._by_id.update((o.id, o) for o in cls._interned.values())
+            op = cls._by_id.get(op_id)
         return op
 
     def __repr__(self):

@@ -59,10 +59,9 @@ def explain_miss(prev: Key | None, key: Key, g: Graph) -> dict | None:
             if a != b:
                 return {"what": what, "input": i, "before": _aval_str(a), "now": _aval_str(b)}
         return {"what": "inputs", "before": len(prev.avals), "now": len(key.avals)}
-    ops = {op.id: op for op in Op._interned.values()}
     for i, (a, b) in enumerate(zip(prev.sig, key.sig)):
         if a != b:
-            oa, ob = ops.get(a[0]), ops.get(b[0])
+            oa, ob = Op.of_id(a[0]), Op.of_id(b[0])
             where = g.nodes[i].where if i < len(g.nodes) else None
             if oa is not None and ob is not None and oa.name == ob.name and oa.precision != ob.precision:
                 return {"what": "precision", "op": ob.name, "node": i, "where": sources.fmt(where),

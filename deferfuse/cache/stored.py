@@ -110,19 +110,13 @@ def op_token(op: Op) -> str | None:
     return token
 
 
-_BY_ID: dict = {}
-
-
 def _canon_graph(key: tuple, out: list) -> bool:
     """A graph torch.compile made (compiler/graphs.py `_graph_op`): its key holds each node's op
     id, which only this process can read; each is spelled as that op's own token instead."""
     tag, sig, *rest = key
     out.append(tag)
     for op_id, refs in sig:
-        inner = _BY_ID.get(op_id)
-        if inner is None:  # ops interned since the last lookup
-            _BY_ID.update((o.id, o) for o in Op._interned.values())
-            inner = _BY_ID.get(op_id)
+        inner = Op.of_id(op_id)
         token = op_token(inner) if inner is not None else None
         if token is None or not _canon(refs, out):
             return False

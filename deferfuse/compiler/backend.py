@@ -52,8 +52,7 @@ def _compiled_a_frame(_args) -> None:
 def tpu(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """torch.compile(fn, backend="tpu")."""
     if _compiled_a_frame not in callback_handler.end_callbacks:  # torch._dynamo.reset() clears them
-        callback_handler.register_end_callback(_compiled_a_frame)
-    pending.PENDING.garbage = True
+        callback_handler.register_end_callback(_compiled_a_frame)  # runs as this frame's compile ends
     _compiling.depth = getattr(_compiling, "depth", 0) + 1
     try:
         return _aot(gm, example_inputs, **kwargs)

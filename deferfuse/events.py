@@ -34,6 +34,8 @@ class Metrics:
     # and how many: one per program deferfuse compiled, unless JAX compiled one again unseen
     xla_compiles: int = 0
     execute_calls: int = 0
+    # flushes of zeros and ones alone, made on the host and copied over: no program (cache/fills.py)
+    fills_on_host: int = 0
     cpu_fallbacks: Counter = field(default_factory=Counter)  # op name -> count
     # op name -> calls recorded as one node from the kept expansion of their decomposition
     decompositions_replayed: Counter = field(default_factory=Counter)
@@ -78,6 +80,7 @@ class Metrics:
             "xla_compile_seconds": self.xla_compile_seconds,
             "xla_compiles": self.xla_compiles,
             "execute_calls": self.execute_calls,
+            "fills_on_host": self.fills_on_host,
             "cpu_fallbacks": dict(self.cpu_fallbacks),
             "cpu_fallbacks_total": sum(self.cpu_fallbacks.values()),
             "decompositions_replayed": dict(self.decompositions_replayed),

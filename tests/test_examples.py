@@ -108,16 +108,18 @@ def test_no_recompiles_after_step_3_with_item_every_5_steps():
 def test_a_training_loop_is_cut_at_each_optimizer_step():
     """Each step is one flush, cut where the optimizer's step() ended (before the next step's
     first op), and every step is the same program, the first included: its new optimizer state
-    is a small program of its own, run inside the first step, and its first calls of decomposed
-    ops record what the later calls do. Nothing compiles after that, no partial step is left to
-    flush on its own, and the period detector never cuts a step elsewhere."""
+    is made apart inside the first step (zeros, made on the host: no program), and its first calls
+    of decomposed ops record what the later calls do. Nothing compiles after that, no partial step
+    is left to flush on its own, and the period detector never cuts a step elsewhere."""
     deferfuse.cache.clear()  # count every program this loop needs, not what earlier tests left
+    hosted = deferfuse.metrics()["fills_on_host"]
     per_step = _gpt_loop(12, item_every=None)
     misses = [m for m, _, _ in per_step]
     pending = [p for _, p, _ in per_step]
-    # the state's program inside step 0; a step's cut runs at the next step's first op: step 0's
-    # program then, which every later step shares
-    assert misses == [1] + [2] * (len(misses) - 1), misses
+    # the state inside step 0, with no program; a step's cut runs at the next step's first op:
+    # step 0's program then, which every later step shares
+    assert misses == [0] + [1] * (len(misses) - 1), misses
+    assert deferfuse.metrics()["fills_on_host"] == hosted + 1
     # what stays pending after a step is that whole step, and the same every step
     assert pending[1:] == [pending[1]] * (len(pending) - 1) and pending[1] > 0, pending
     assert per_step[-1][2] == {"optimizer_step": len(per_step) - 1, "optimizer_state": 1}, per_step[-1][2]

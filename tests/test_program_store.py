@@ -113,7 +113,7 @@ print(json.dumps({{"losses": losses, "compiled": m["programs_compiled"], "loaded
     cold = _run(str(tmp_path), code)
     verified = _run(str(tmp_path), code, DEFERFUSE_CACHE_VERIFY="1")
     warm = _run(str(tmp_path), code, DEFERFUSE_CACHE_VERIFY="0")
-    assert cold["loaded"] == 0 and cold["compiled"] >= 2 and cold["traces"] > 0
+    assert cold["loaded"] == 0 and cold["compiled"] >= 1 and cold["traces"] > 0
     assert verified["loaded"] == warm["loaded"] == cold["compiled"], (cold, verified, warm)
     assert warm["traces"] == 0, warm
     assert warm["losses"] == verified["losses"] == cold["losses"]

@@ -12,7 +12,7 @@ from ..config import CONFIG
 from ..events import METRICS
 from ..graph import OUT_BITS, Graph
 from ..target import jax_device
-from . import stored
+from . import fills, stored
 from .key import Key, group_key
 from .runtime import ONLY_THE_LIST, Compiled, nbytes
 
@@ -35,6 +35,7 @@ class Plan:
         self.key_hash = key_hash
         self.steps: list[Step] = []
         self.single: Compiled | None = None  # the program when the flush is one group over all inputs
+        self.fills: list | None = None  # zeros and ones alone: what makes each output on the host (fills.py)
         self.has_host = False  # a step runs on the host (a CPU fallback)
         self.n_internal = 0
         self.bytes_internal = 0
@@ -59,6 +60,8 @@ class Plan:
             METRICS.execute_seconds += time.perf_counter() - t0
 
     def _run(self, g: Graph, out_refs: tuple, live, live_refs) -> list:
+        if self.fills is not None:
+            return [made() for made in self.fills]
         if self.single is not None:
             METRICS.execute_calls += 1
             if g.sources is not None:  # capturing: the replays keep reading these inputs
@@ -110,10 +113,18 @@ def _replaces(g: Graph, grp, live, live_refs) -> dict[int, int]:
     return pairs
 
 
-def build(g: Graph, out_refs: tuple, key: Key, block_ops: int | None = None) -> Plan:
+def build(g: Graph, out_refs: tuple, key: Key, block_ops: int | None = None, on_host: bool = True) -> Plan:
+    """`on_host=False`: programs even for fills the host could make (a capture replays programs)."""
     cluster.start()  # a program that makes its values (torch.zeros) may be the first JAX use
     plan = Plan(key._h)
     nodes = g.nodes
+    plan.fills = fills.makers(g, out_refs) if on_host else None
+    if plan.fills is not None:
+        plan.n_ops = len(out_refs)
+        plan.op_names = [nodes[r >> OUT_BITS].op.name for r in out_refs]
+        plan.where = next((n.where for n in nodes if n.where is not None), None)
+        plan.bytes_out = sum(nbytes(*nodes[r >> OUT_BITS].op.out_avals[0]) for r in out_refs)
+        return plan
     hosts = [n.op.host for n in nodes]
     groups = fuser.partition(g.sig, hosts, out_refs, CONFIG.max_group_ops, CONFIG.fusion_fuel,
                               CONFIG.fuse_block_ops if block_ops is None else block_ops, CONFIG.fuse_block_repeats,
@@ -249,7 +260,7 @@ def _compiled(g: Graph, grp, key: tuple, fn, ids, back, expect=None, layout=None
 
 def one_program(g: Graph, out_refs: tuple) -> Plan:
     """A plan for g that fuses it whole, whatever the cached plan for its key does (capture)."""
-    return build(g, out_refs, Key(g, out_refs), block_ops=0)
+    return build(g, out_refs, Key(g, out_refs), block_ops=0, on_host=False)
 
 
 def clear() -> None:

@@ -50,6 +50,7 @@ def _summary(m: dict, n_recompiles: int | None) -> dict[str, Any]:
         "persistent_cache_misses": m.get("persistent_cache_misses", 0),
         "programs_loaded": m.get("programs_loaded", 0),
         "programs_executed": m.get("execute_calls", 0),
+        "fills_on_host": m.get("fills_on_host", 0),
         "fusion_ratio": rate(m.get("ops_recorded", 0), m.get("execute_calls", 0)),
         "cpu_fallbacks": m.get("cpu_fallbacks_total", sum(m.get("cpu_fallbacks", {}).values())),
         "recompiles": n_recompiles,

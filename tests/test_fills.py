@@ -123,3 +123,14 @@ def test_a_captured_fill_stays_a_program():
     cap = deferfuse.capture(torch.ones_like, x)
     for _ in range(3):
         torch.testing.assert_close(cap(x).cpu(), torch.ones(2, 3), rtol=0, atol=0)
+
+
+def test_the_report_counts_fills_on_the_host_as_no_compile():
+    def fills():
+        with deferfuse.mode("strict"):
+            return [torch.zeros(k, 7, device="tpu") for k in range(1, 4)]
+
+    rep = deferfuse.explain(fills)
+    assert rep["summary"]["fills_on_host"] == 3 and rep["summary"]["programs_compiled"] == 0, rep["summary"]
+    sites = rep["flushes"]["by_source"]
+    assert sum(s["count"] for s in sites) == 3 and all(s["compiles"] == 0 for s in sites), sites

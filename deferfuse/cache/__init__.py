@@ -54,8 +54,9 @@ def size() -> int:
 
 
 def execute(g: Graph, out_refs: tuple, cause: str, where, live: list, live_refs: dict) -> tuple[list, Plan, bool]:
-    """Run a flush through its cached plan (made on a miss): (results, plan, hit). `live` and
-    `live_refs` are the storages that receive the results and their positions among them."""
+    """Run a flush through its cached plan (made on a miss): (results, plan, hit), hit False
+    when the flush compiled. `live` and `live_refs` are the storages that receive the results and
+    their positions among them."""
     key = Key(g, out_refs)
     plan = _PLANS.get(key)
     hit = plan is not None
@@ -63,9 +64,9 @@ def execute(g: Graph, out_refs: tuple, cause: str, where, live: list, live_refs:
         _relieve()
         plan = plans.build(g, out_refs, key)
         _PLANS[key] = plan
-    if plan.fills is not None:  # made on the host (fills.py): nothing compiles, nothing to explain
-        METRICS.fills_on_host += 1
-        return plan.run(g, out_refs, live, live_refs), plan, hit
+    if plan.fills is not None:  # made on the host (fills.py): nothing compiles, nothing to explain,
+        METRICS.fills_on_host += 1  # and the flush's event says so (its report counts a miss as a compile)
+        return plan.run(g, out_refs, live, live_refs), plan, True
     if hit:
         METRICS.cache_hits += 1
         plan.hits += 1

@@ -382,16 +382,9 @@ def _dag(dags: list[dict], compiles: list[dict], loc: Locator) -> dict[str, Any]
 # --- the report ----------------------------------------------------------------------------------
 
 
-def build(
-    events: list[dict] | None,
-    metrics: dict[str, Any],
-    *,
-    collecting: bool = True,
-    wall_seconds: float | None = None,
-    script: dict[str, Any] | None = None,
-    mode: str | None = None,
-    events_truncated: bool = False,
-) -> dict[str, Any]:
+def build(events: list[dict] | None, metrics: dict[str, Any], *, collecting: bool = True,
+          wall_seconds: float | None = None, script: dict[str, Any] | None = None, mode: str | None = None,
+          events_truncated: bool = False) -> dict[str, Any]:
     """The report dict (schema in docs/report-schema.md) from events and `deferfuse.metrics()`.
 
     `collecting=False` means no events exist: the event-based sections are empty and `note` says

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..graph import OUT_BITS, Graph
 from ..target import jax_device
+from .runtime import nbytes
 
 # ops whose output is all zeros / all ones, whatever their arguments ("empty": an uninitialised
 # storage read, as zeros: pending._zeros_op)
@@ -31,10 +32,11 @@ _VALUE = {
 MAX_BYTES = 64 << 20
 
 
-def makers(g: Graph, out_refs: tuple) -> list[Callable[[], jax.Array]] | None:
-    """What makes each of the flush's outputs on the host, in `out_refs` order; None unless every
-    output is a zeros or ones fill's, outside a capture, within `MAX_BYTES`. A fill reads its
-    inputs' shapes alone, so the other nodes (a view's read that `zeros_like` took) are dead."""
+def makers(g: Graph, out_refs: tuple) -> tuple[list[Callable[[], jax.Array]], int] | None:
+    """What makes each of the flush's outputs on the host, in `out_refs` order, and their bytes in
+    all; None unless every output is a zeros or ones fill's, outside a capture, within `MAX_BYTES`.
+    A fill reads its inputs' shapes alone, so the other nodes (a view's read that `zeros_like`
+    took) are dead."""
     if g.sources is not None or not out_refs:
         return None
     out = []
@@ -47,9 +49,9 @@ def makers(g: Graph, out_refs: tuple) -> list[Callable[[], jax.Array]] | None:
         if value is None or op.host or len(op.out_avals) != 1:
             return None
         shape, dtype = op.out_avals[0]
-        total += int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        total += nbytes(shape, dtype)
         out.append(_maker(shape, dtype, value))
-    return out if total <= MAX_BYTES else None
+    return (out, total) if total <= MAX_BYTES else None
 
 
 def _maker(shape: tuple, dtype, value: int) -> Callable[[], jax.Array]:

@@ -118,12 +118,12 @@ def build(g: Graph, out_refs: tuple, key: Key, block_ops: int | None = None, on_
     cluster.start()  # a program that makes its values (torch.zeros) may be the first JAX use
     plan = Plan(key._h)
     nodes = g.nodes
-    plan.fills = fills.makers(g, out_refs) if on_host else None
-    if plan.fills is not None:
+    plan.where = next((n.where for n in nodes if n.where is not None), None)
+    made = fills.makers(g, out_refs) if on_host else None
+    if made is not None:
+        plan.fills, plan.bytes_out = made
         plan.n_ops = len(out_refs)
         plan.op_names = [nodes[r >> OUT_BITS].op.name for r in out_refs]
-        plan.where = next((n.where for n in nodes if n.where is not None), None)
-        plan.bytes_out = sum(nbytes(*nodes[r >> OUT_BITS].op.out_avals[0]) for r in out_refs)
         return plan
     hosts = [n.op.host for n in nodes]
     groups = fuser.partition(g.sig, hosts, out_refs, CONFIG.max_group_ops, CONFIG.fusion_fuel,
@@ -134,7 +134,6 @@ def build(g: Graph, out_refs: tuple, key: Key, block_ops: int | None = None, on_
         live.update(grp.nodes)
     plan.n_ops = len(live)
     plan.op_names = [nodes[i].op.name for i in sorted(live)]
-    plan.where = next((n.where for n in nodes if n.where is not None), None)
     outs = set(out_refs)
     for i, node in enumerate(nodes):
         for k, (shape, dt) in enumerate(node.op.out_avals):

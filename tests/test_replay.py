@@ -391,6 +391,26 @@ def test_a_cpu_scalar_tensor_argument_is_replayed_as_a_python_number_is():
     assert counts[1] == counts[0], counts
 
 
+def test_forget_leaves_no_step_due_so_earlier_work_cannot_change_the_traces():
+    """An optimizer step that ended just before (another test's, another model's) left a step
+    due: without `forget()` clearing it, the next model's build began a step of its own, and the
+    traces a loop left depended on what ran before it."""
+    replay = EXECUTORS[EagerMode.DEFER_AND_FUSE].replay
+    kept = []
+    for before in (False, True):
+        with deferfuse.mode():
+            if before:
+                model = _model("tpu")
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                model(torch.randn(2, 6, device="tpu")).sum().backward()
+                opt.step()
+                assert replay.due
+            replay.forget()
+            _loop("tpu")[0].cpu()
+        kept.append(sorted((str(func), len(entries)) for (func, _), entries in replay.traces.items()))
+    assert kept[1] == kept[0], kept
+
+
 def _two_models_one_step(device, steps=5):
     """Two models trained one after the other through one step function: their steps begin with
     the same op on the same line, the second's trace is cut short by an in-place view."""

@@ -45,7 +45,7 @@ from ..precision import current as matmul_precision
 from ..record import CALL
 from ..tensor import LAYOUTS, TpuTensor
 from .replay_code import MISS, compile_entry
-from .replay_entry import _N, _S, _U, Entry, _leaves, _tensors_only, item_of, learnable, untouched
+from .replay_entry import _N, _S, _U, Entry, _end, _leaves, _tensors_only, item_of, learnable, untouched
 
 _MAX_TRACES = 4  # steps of different shapes a loop alternates between (two optimizers, eval steps)
 
@@ -76,8 +76,10 @@ class StepReplay:
         self.ex.serve = None
 
     def forget(self) -> None:
+        """As at import: no traces, no step due (else a model built next would begin a step)."""
         self.traces.clear()
         self._clear()
+        self.due = False
 
     # --- the step's bounds ------------------------------------------------------------------
 
@@ -443,8 +445,3 @@ class StepReplay:
                    tuple(p if p is not None and p[0] in (_S, _N, _U) else None for p in pat),
                    None if e.reads is None else tuple(e.reads.items()))
         return out, e
-
-
-def _end(last) -> int:
-    """The graph's length after entry `last` (a sync point's leaves the new graph empty)."""
-    return 0 if last is None or last.sync else last.n0 + len(last.nodes)

@@ -150,3 +150,8 @@ def untouched(g, sizes: tuple, before: list, out, same_state: bool, slot_of: dic
                 return False
     flat, _ = flatten_outputs(out)
     return all(type(t) is not TpuTensor or (t._st.graph is None and slot_of.get(id(t._st), k0) >= k0) for t in flat)
+
+
+def _end(last) -> int:
+    """The graph's length after entry `last` (a sync point's leaves the new graph empty)."""
+    return 0 if last is None or last.sync else last.n0 + len(last.nodes)

@@ -57,7 +57,7 @@ def where():
 # --- internal ops: view reads/writes and uninitialised memory ------------------------------
 
 
-def _read_op(plan, shape, dtype) -> Op:
+def read_op(plan, shape, dtype) -> Op:
     zero = plan[0] == "empty" or plan[-1]
     jd = to_jax_dtype(dtype)
 
@@ -133,7 +133,7 @@ def tensor_ref(g: Graph, t: TpuTensor) -> int:
     hit = g.reads.get(key)
     if hit is None:
         size, _, dtype = LAYOUTS[t._lid]
-        op = _read_op(plan, size, dtype)
+        op = read_op(plan, size, dtype)
         hit = g.add(op, (r,), None if op.n_scalars == 0 else (off,), where())
         g.reads[key] = hit
     return hit

@@ -15,14 +15,14 @@ import torch
 
 from . import cache, device_dtypes, dtypes, pending, rng, views
 from .events import METRICS
-from .graph import Op
+from .graph import OUT_BITS, Op
 from .lowered_op import make_lowered_op
 from .interned import FUNCS, func_id
 from .lowering import LOWERINGS
 from .meta import T, ArgSpec, Placeholder, flatten_outputs, meta_args, run_meta, template, unflatten_outputs
 from .precision import XLA_NAMES
 from .probe import cpu_error_instead, cpu_meta_instead, needs_cpu_probe, run_cpu_probe
-from .tensor import Storage, layout_id, new_tensor, phys_layout
+from .tensor import LAYOUTS, Storage, layout_id, new_tensor, phys_layout
 
 aten = torch.ops.aten
 
@@ -218,31 +218,49 @@ def emit(r: Recipe, tensors, scalars, key=None):
 
 
 def run_now(r: Recipe, op, tensors, scalars):
-    """Strict's fast path: a top-level op whose inputs are all concrete, whole tensors runs
-    straight from the compile cache, skipping the pending graph. The key is the one a one-node
-    flush would build, so this is the same cache entry a DeferAndFuse flush of the same op uses.
-    None when the op must go through a flush (an input pending or a view, no entry yet)."""
+    """Strict's fast path: a top-level op whose inputs are all concrete runs straight from the
+    compile cache, skipping the pending graph. The key is the one a flush of the op alone would
+    build, its view inputs' reads included (`pending.tensor_ref`), so this is the same cache entry
+    a DeferAndFuse flush of the same op uses. None when the op must go through a flush (an input
+    pending, no entry yet)."""
     arrays = []
     refs = []
     avals = []
     seen: dict[int, int] = {}
+    sig = []  # the reads of view inputs, nodes ahead of the op's as a flush records them
+    read_at: dict = {}
+    read_scalars = []
     for t in tensors:
         st = t._st
         v = st.value
-        if v is None or t._lay is not None:
+        if v is None:
             return None
         pos = seen.get(id(v))
         if pos is None:
             pos = seen[id(v)] = len(arrays)
             arrays.append(v)
             avals.append((st.shape, st.dtype))
-        refs.append(-(pos + 1))
+        lay = t._lay
+        if lay is None:
+            refs.append(-(pos + 1))
+            continue
+        ref = read_at.get((pos, lay))
+        if ref is None:
+            plan, off = lay
+            size, _, dtype = LAYOUTS[t._lid]
+            read = pending.read_op(plan, size, dtype)
+            ref = read_at[(pos, lay)] = len(sig) << OUT_BITS
+            sig.append((read.id, (-(pos + 1),)))
+            if read.n_scalars:
+                read_scalars.append(off)
+        refs.append(ref)
     n_out = len(r.outs)
-    key = cache.Key.of([(op.id, tuple(refs))], tuple(range(n_out)), tuple(avals))
-    plan = cache.lookup(key)
+    base = len(sig) << OUT_BITS
+    sig.append((op.id, tuple(refs)))
+    plan = cache.lookup(cache.Key.of(sig, tuple(base | k for k in range(n_out)), tuple(avals)))
     if plan is None:
         return None
-    values = cache.run_one(plan, arrays, scalars, n_out)
+    values = cache.run_one(plan, arrays, read_scalars + scalars if read_scalars else scalars, n_out, len(sig))
     out = []
     for k, (size, stride, dtype, lid, phys, lay, _) in enumerate(r.outs):
         out.append(new_tensor(Storage(values[k], phys, dtype), size, stride, dtype, lid, lay))

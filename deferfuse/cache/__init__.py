@@ -131,9 +131,9 @@ def _relieve() -> None:
                       "deferfuse-report's recompile section says which.", stacklevel=2)
 
 
-def run_one(plan: Plan, arrays: list, scalars: list, n_out: int) -> list:
+def run_one(plan: Plan, arrays: list, scalars: list, n_out: int, n_nodes: int = 1) -> list:
     """Run a one-op plan on concrete inputs (Strict's fast path, record.run_now), counted as the
-    one-node flush it stands for."""
+    flush of the op (and the reads of its view inputs: `n_nodes` in all) it stands for."""
     single = plan.single
     ran = single.compiled
     values = single(arrays, scalars)
@@ -145,7 +145,7 @@ def run_one(plan: Plan, arrays: list, scalars: list, n_out: int) -> list:
         m.cache_hits += 1
     m.execute_calls += 1
     m.flushes[Cause.STRICT_OP] += 1
-    m.nodes_flushed += 1
+    m.nodes_flushed += n_nodes
     m.outputs_materialized += n_out
     return values
 

@@ -22,26 +22,32 @@ def _inputs():
     g = torch.Generator().manual_seed(0)
     return {"a": torch.randn(6, 8, generator=g), "c": torch.randn(8, 6, generator=g),
             "big": torch.randn(6, 12, generator=g), "v": torch.randn(8, generator=g),
-            "w": torch.randn(5, 8, generator=g), "sq": torch.randn(6, 6, generator=g)}
+            "w": torch.randn(5, 8, generator=g), "sq": torch.randn(6, 6, generator=g),
+            "z": torch.randn(4, 3, dtype=torch.complex64, generator=g)}
 
 
 CASES = {
-    "a transpose": lambda a, c, big, v, w, sq: a.t() + c,
-    "a slice at offset 0": lambda a, c, big, v, w, sq: big[:, :8] * a,
-    "two slices of one storage at two offsets": lambda a, c, big, v, w, sq: big[:, 6:] - big[:, :6],
-    "the same view twice": lambda a, c, big, v, w, sq: a.t() * a.t(),
-    "a view and its own base": lambda a, c, big, v, w, sq: torch.mm(a.t(), a),
-    "a base and its own view": lambda a, c, big, v, w, sq: torch.addcmul(sq, sq.t(), sq[0]),
-    "a view of a view, made contiguous": lambda a, c, big, v, w, sq: a.view(2, 3, 8).transpose(0, 1).contiguous(),
-    "a row": lambda a, c, big, v, w, sq: a[2] + v,
-    "an expanded vector": lambda a, c, big, v, w, sq: v.expand(6, 8) * a,
-    "a diagonal": lambda a, c, big, v, w, sq: big[:, :6].diagonal() + c[0, :6],
-    "an empty slice": lambda a, c, big, v, w, sq: big[:, 4:4].sum(1),
-    "a linear layer over a column slice": lambda a, c, big, v, w, sq: F.linear(big[:, 2:10], w),
-    "several outputs": lambda a, c, big, v, w, sq: torch.max(a.t(), dim=1),
-    "layer norm of a transpose": lambda a, c, big, v, w, sq: F.layer_norm(c.t(), (8,)),
-    "a boolean view": lambda a, c, big, v, w, sq: (a > 0).t() & (c > 0),
-    "an integer view": lambda a, c, big, v, w, sq: (a * 10).long().t() + 3,
+    "a transpose": lambda a, c, big, v, w, sq, z: a.t() + c,
+    "a slice at offset 0": lambda a, c, big, v, w, sq, z: big[:, :8] * a,
+    "two slices of one storage at two offsets": lambda a, c, big, v, w, sq, z: big[:, 6:] - big[:, :6],
+    "the same view twice": lambda a, c, big, v, w, sq, z: a.t() * a.t(),
+    "a view and its own base": lambda a, c, big, v, w, sq, z: torch.mm(a.t(), a),
+    "a base and its own view": lambda a, c, big, v, w, sq, z: torch.addcmul(sq, sq.t(), sq[0]),
+    "a view of a view, made contiguous": lambda a, c, big, v, w, sq, z: a.view(2, 3, 8).transpose(0, 1).contiguous(),
+    "a row": lambda a, c, big, v, w, sq, z: a[2] + v,
+    "an expanded vector": lambda a, c, big, v, w, sq, z: v.expand(6, 8) * a,
+    "a diagonal": lambda a, c, big, v, w, sq, z: big[:, :6].diagonal() + c[0, :6],
+    "an empty slice": lambda a, c, big, v, w, sq, z: big[:, 4:4].sum(1),
+    "a linear layer over a column slice": lambda a, c, big, v, w, sq, z: F.linear(big[:, 2:10], w),
+    "several outputs": lambda a, c, big, v, w, sq, z: torch.max(a.t(), dim=1),
+    "layer norm of a transpose": lambda a, c, big, v, w, sq, z: F.layer_norm(c.t(), (8,)),
+    "a boolean view": lambda a, c, big, v, w, sq, z: (a > 0).t() & (c > 0),
+    "an integer view": lambda a, c, big, v, w, sq, z: (a * 10).long().t() + 3,
+    "an unfolded window": lambda a, c, big, v, w, sq, z: a.unfold(1, 3, 2) * 2,
+    "as_strided at an offset": lambda a, c, big, v, w, sq, z: a.as_strided((3, 3), (9, 2), 1) + 1,
+    "a dtype reinterpretation": lambda a, c, big, v, w, sq, z: a.view(torch.int32)[:, 1:3] + 1,
+    "a complex tensor's transposed imaginary part": lambda a, c, big, v, w, sq, z: z.t().imag * 3,
+    "view_as_real": lambda a, c, big, v, w, sq, z: torch.view_as_real(z) * 2,
 }
 
 

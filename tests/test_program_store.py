@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import deferfuse
+from deferfuse import target
 from deferfuse.cache import stored
 from deferfuse.graph import Op
 
@@ -140,6 +141,26 @@ print(json.dumps({"outs": outs, "loaded": m["programs_loaded"], "hits": m["persi
     assert runs[0]["hits"] > 0 and runs[0]["loaded"] == 0  # JAX's cache served one in the first process
     assert runs[1]["loaded"] > 0 and runs[2] == runs[1]
     assert all(r["outs"] == runs[0]["outs"] for r in runs)
+
+
+@pytest.mark.subprocess
+def test_after_a_source_change_a_program_jax_cache_serves_is_stored_where_it_can_be(tmp_path):
+    """deferfuse's source is part of the store's key, not of the folder's name: after a change
+    (an editable install pulled), JAX's cache still serves the programs whose lowering did not
+    change. On a TPU the loaded executable is stored under the new key and the next process loads
+    it; XLA:CPU cannot serialize a loaded executable, so there it is traced at every warm run."""
+    def code(digest):
+        return f"from deferfuse.cache import stored\nstored._source_digest = lambda: {digest!r}\n" + _RUN
+
+    first = _run(str(tmp_path), code("before"))
+    changed = [_run(str(tmp_path), code("after")) for _ in range(2)]
+    assert first["loaded"] == 0 and first["misses"] > 0
+    assert changed[0]["loaded"] == 0 and changed[0]["misses"] == 0  # every program from JAX's cache
+    assert all(r["losses"] == first["losses"] for r in changed)
+    if target.platform() == "tpu":
+        assert changed[1]["loaded"] == first["misses"] and changed[1]["traces"] == 0, changed
+    else:
+        assert changed[1]["loaded"] == 0 and changed[1]["traces"] == changed[0]["traces"] > 0, changed
 
 
 @pytest.mark.subprocess

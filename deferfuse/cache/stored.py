@@ -206,10 +206,12 @@ def executable(name: str | None, jitted, args: tuple) -> Callable:
     lowered = jitted.lower(*args)
     hits = METRICS.persistent_hits
     compiled = lowered.compile()
-    # one JAX's cache loaded (a program of another key that lowers alike) is not stored again: an
-    # XLA:CPU executable serialized after a load comes back without its nested functions
-    # ("Function wrapped_or not found" when it runs)
-    if store is not None and METRICS.persistent_hits == hits:
+    # One JAX's cache loaded (a program another source version stored, or one of another key that
+    # lowers alike) is stored again only where that works: XLA:CPU cannot serialize a loaded
+    # executable (UNIMPLEMENTED, or one that comes back without its nested functions, "Function
+    # wrapped_or not found" when it runs); XLA:TPU's comes back whole. Not stored, it is traced and
+    # lowered at every warm run after a change to deferfuse's source.
+    if store is not None and (METRICS.persistent_hits == hits or jax_device().platform == "tpu"):
         _save(store, entry, compiled, lowered)
     return compiled
 

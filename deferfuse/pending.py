@@ -57,17 +57,19 @@ def where():
 # --- internal ops: view reads/writes and uninitialised memory ------------------------------
 
 
-def read_op(plan, shape, dtype) -> Op:
+def read_op(lay, lid) -> tuple[Op, tuple | None]:
+    """A view's read from its storage's value, and the read's scalars (`tensor_ref`, record.run_now)."""
+    (plan, off), (shape, _, dtype) = lay, LAYOUTS[lid]
     zero = plan[0] == "empty" or plan[-1]
-    jd = to_jax_dtype(dtype)
 
     def make():
         def fn(ins, scs):
             return [views.read(ins[0], plan, 0 if zero else scs[0])]
 
+        jd = to_jax_dtype(dtype)
         return Op(("read", plan, dtype), "view_read", fn, [(shape, jd)], 0 if zero else 1, family="view")
 
-    return Op.intern(("read", plan, dtype), make)
+    return Op.intern(("read", plan, dtype), make), None if zero else (off,)
 
 
 def _write_op(plan, phys, dtype) -> Op:
@@ -128,13 +130,11 @@ def tensor_ref(g: Graph, t: TpuTensor) -> int:
     lay = t._lay
     if lay is None:
         return r
-    plan, off = lay
-    key = (r, plan, off)
+    key = (r, *lay)  # (ref, plan, offset)
     hit = g.reads.get(key)
     if hit is None:
-        size, _, dtype = LAYOUTS[t._lid]
-        op = read_op(plan, size, dtype)
-        hit = g.add(op, (r,), None if op.n_scalars == 0 else (off,), where())
+        op, scalars = read_op(lay, t._lid)
+        hit = g.add(op, (r,), scalars, where())
         g.reads[key] = hit
     return hit
 

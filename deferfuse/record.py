@@ -22,7 +22,7 @@ from .lowering import LOWERINGS
 from .meta import T, ArgSpec, Placeholder, flatten_outputs, meta_args, run_meta, template, unflatten_outputs
 from .precision import XLA_NAMES
 from .probe import cpu_error_instead, cpu_meta_instead, needs_cpu_probe, run_cpu_probe
-from .tensor import LAYOUTS, Storage, layout_id, new_tensor, phys_layout
+from .tensor import Storage, layout_id, new_tensor, phys_layout
 
 aten = torch.ops.aten
 
@@ -246,13 +246,11 @@ def run_now(r: Recipe, op, tensors, scalars):
             continue
         ref = read_at.get((pos, lay))
         if ref is None:
-            plan, off = lay
-            size, _, dtype = LAYOUTS[t._lid]
-            read = pending.read_op(plan, size, dtype)
+            read, read_scs = pending.read_op(lay, t._lid)
             ref = read_at[(pos, lay)] = len(sig) << OUT_BITS
             sig.append((read.id, (-(pos + 1),)))
-            if read.n_scalars:
-                read_scalars.append(off)
+            if read_scs:
+                read_scalars.extend(read_scs)
         refs.append(ref)
     n_out = len(r.outs)
     base = len(sig) << OUT_BITS

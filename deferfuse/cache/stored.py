@@ -39,7 +39,7 @@ from ..config import CONFIG
 from ..events import METRICS
 from ..graph import Op
 from ..interned import FUNCS, LAYOUTS, FuncId, LayoutId
-from ..target import jax_device
+from ..target import jax_device, platform
 
 _FORMAT = b"deferfuse-program-1"
 _PREFIX = "deferfuse-"
@@ -211,7 +211,7 @@ def executable(name: str | None, jitted, args: tuple) -> Callable:
     # executable (UNIMPLEMENTED, or one that comes back without its nested functions, "Function
     # wrapped_or not found" when it runs); XLA:TPU's comes back whole. Not stored, it is traced and
     # lowered at every warm run after a change to deferfuse's source.
-    if store is not None and (METRICS.persistent_hits == hits or jax_device().platform == "tpu"):
+    if store is not None and (METRICS.persistent_hits == hits or platform() == "tpu"):
         _save(store, entry, compiled, lowered)
     return compiled
 

@@ -32,7 +32,7 @@ def test_sigint_at_random_moments_of_a_recording_and_flushing_loop(mode, tmp_pat
     persistent cache folder, so interrupts also land while its entries are read and written
     (JAX's own store deadlocked there)."""
     script = os.path.join(ROOT, "tests", "interrupt_loop.py")
-    out = subprocess.run([sys.executable, script, mode, "8", "1"], capture_output=True, text=True, timeout=240,
+    out = subprocess.run([sys.executable, script, mode, "8", "1", "20"], capture_output=True, text=True, timeout=240,
                          env={**os.environ, "PYTHONPATH": ROOT, "DEFERFUSE_CACHE_DIR": str(tmp_path)})
     assert out.returncode == 0, out.stderr[-2000:]
     caught = int(out.stdout.split()[1])

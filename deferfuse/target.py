@@ -3,6 +3,9 @@ a `torch.device` names it. A leaf every layer may import; the wiring into PyTorc
 from __future__ import annotations
 
 import functools
+import importlib
+import sys
+import threading
 
 import jax
 import torch
@@ -17,13 +20,46 @@ if torch._C._get_privateuse1_backend_name() != NAME:
     torch.utils.rename_privateuse1_backend(NAME)
 
 
+# Modules PyTorch imports on the way to a process's first op on a new device, seconds of Python
+# each: `Tensor.to` imports DTensor from C++, and the first Python meta kernel (`aten.add`'s) runs
+# under `_disable_dynamo`, which imports Dynamo and, through symbolic shapes, sympy.
+_FIRST_OP_IMPORTS = ("torch.distributed.tensor", "torch._dynamo")
+# Should an import still wait on a lock the caller holds (one that `_importing` does not see), the
+# device goes on without it after this long, and the thread finishes once the lock is let go.
+_IMPORT_WAIT_S = 30.0
+
+
 @functools.cache
 def jax_device() -> jax.Device:
     """This process's device: a TPU where there is one, else GPU, else CPU. The first call starts
     the multi-process runtime when the launcher asked for one (cluster.py); then the device is
-    this process's own (`jax.devices()[0]` is process 0's)."""
-    cluster.start()
-    return jax.local_devices()[0]
+    this process's own (`jax.devices()[0]` is process 0's).
+
+    Opening a TPU takes seconds in the runtime's C++, and the first op would then spend seconds
+    more importing PyTorch's lazy modules: a thread imports them while the device opens. The
+    call waits for both, so no import runs beside the user's code. It imports nothing early when
+    the device opens from inside an import (a module that makes a tensor as it loads): that
+    import holds a lock the thread's imports could wait on, while this call waits on the thread."""
+    names = [] if _importing() else [n for n in _FIRST_OP_IMPORTS if n not in sys.modules]
+    early = threading.Thread(target=_import_all, args=(names,), name="deferfuse-imports", daemon=True)
+    early.start()
+    try:
+        cluster.start()
+        return jax.local_devices()[0]
+    finally:
+        early.join(_IMPORT_WAIT_S)
+
+
+def _importing() -> bool:
+    return any(getattr(getattr(m, "__spec__", None), "_initializing", False) for m in list(sys.modules.values()))
+
+
+def _import_all(names: list[str]) -> None:
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001  (the first op imports it again, and raises where the user sees it)
+            return
 
 
 def jit(fn, **kwargs):

@@ -59,7 +59,7 @@ def _import_all(names: list[str]) -> None:
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001  (the first op imports it again, and raises where the user sees it)
-            return
+            continue
 
 
 def jit(fn, **kwargs):

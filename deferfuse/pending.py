@@ -399,7 +399,7 @@ def block(storages, everything: bool = False) -> None:
         v = s.value
         if isinstance(v, jax.Array):
             v.block_until_ready()
-    if everything:
+    if everything and target.opened():  # a device not yet opened runs nothing: left unopened
         # as torch.cuda.synchronize waits for the whole stream, not only for what its own flush
         # produced: every array alive on the device's client (JAX runs programs asynchronously).
         # The client keeps that list itself; a reference per program output, kept here until

@@ -50,6 +50,13 @@ def jax_device() -> jax.Device:
         early.join(_IMPORT_WAIT_S)
 
 
+def opened() -> bool:
+    """Whether this process has opened its device. A sync before then has nothing to wait for, and
+    leaves it closed: on a TPU host one process holds the chip, and a parent that only syncs (a
+    test runner's cleanup, a launcher) would take it from the processes it starts."""
+    return jax_device.cache_info().currsize > 0
+
+
 def _importing() -> bool:
     return any(getattr(getattr(m, "__spec__", None), "_initializing", False) for m in list(sys.modules.values()))
 

@@ -1,6 +1,6 @@
 """The first use of the device opens it, and imports beside it the PyTorch modules the first op would
-import (target.jax_device): each case is a fresh Python process, since the test process has long
-imported them."""
+import (target.jax_device); a sync before then leaves it closed. Each case is a fresh Python
+process: the test process has long opened the device and imported those modules."""
 from __future__ import annotations
 
 import os
@@ -43,3 +43,13 @@ def test_a_device_opened_inside_an_import_imports_nothing_early(tmp_path):
                   "print((opens_device.x * 2).tolist())", str(tmp_path))
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n")[:2] == ["[False, False]", "[0, 2, 4]"], out.stdout
+
+
+def test_a_sync_before_the_device_is_used_leaves_it_closed():
+    # On a TPU host one process holds the chip: a parent that only syncs (this suite's cleanup
+    # fixture) must leave it to the processes it starts, as tests/test_program_store.py's do.
+    out = _python("import torch, deferfuse\nfrom deferfuse import target\n"
+                  "deferfuse.sync()\ntorch.tpu.synchronize()\nprint(target.opened())\n"
+                  "x = torch.ones(2, device='tpu') * 2\ntorch.tpu.synchronize()\nprint(target.opened(), x.cpu().tolist())")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:2] == ["False", "True [2.0, 2.0]"], out.stdout

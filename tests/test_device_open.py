@@ -12,11 +12,12 @@ import pytest
 from conftest import ROOT
 
 pytestmark = pytest.mark.subprocess
+_THEIRS = os.environ.get("PYTHONPATH")  # a TPU host's torch is there
 
 
 def _python(code: str, path: str = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, path])})
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (ROOT, path, _THEIRS) if p)})
 
 
 def test_opening_the_device_imports_what_the_first_op_would():

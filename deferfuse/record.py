@@ -78,8 +78,8 @@ def info_of(func) -> FuncInfo:
         return func._df
     except AttributeError:
         info = FuncInfo(func)
-        func._df = info
         ROUTER.classify(info, func)
+        func._df = info  # only once it has its route: an interrupt in `classify` left it None for good
         return info
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import deferfuse
-from deferfuse import cache, install, interrupts
+from deferfuse import cache, install, interrupts, record
 from deferfuse.cache import runtime
 from deferfuse.config import CONFIG
 from deferfuse.record import CALL
@@ -117,6 +117,28 @@ def test_an_interrupt_held_during_a_flush_is_raised_when_it_ends(monkeypatch):
             deferfuse.sync()
     monkeypatch.setattr(cache, "execute", real)
     assert y.cpu().tolist() == [2.0] * 4 and x.cpu().tolist() == [2.0] * 4  # the flush completed
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_interrupt_as_an_op_is_first_seen_leaves_it_routable(mode, monkeypatch):
+    """A SIGINT while an overload's first call chose its route (before the op's hold begins) left
+    the overload without one for the rest of the process: every later call raised "'NoneType'
+    object is not callable". The SIGINT loop above found it in Debug."""
+    x, y = torch.tensor([3.0, 5.0]), torch.tensor([4.0, 12.0])
+    a, b = x.to("tpu"), y.to("tpu")
+    op = torch.ops.aten.hypot.default
+    monkeypatch.delattr(op, "_df", raising=False)  # first seen from here on
+    real = record.ROUTER.classify
+
+    def interrupted(info, func):
+        monkeypatch.setattr(record.ROUTER, "classify", real)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(record.ROUTER, "classify", interrupted)
+    with deferfuse.mode(mode):
+        with pytest.raises(KeyboardInterrupt):
+            torch.hypot(a, b)
+        torch.testing.assert_close(torch.hypot(a, b).cpu(), torch.hypot(x, y))
 
 
 def test_signal_signal_installs_a_stand_in_that_getsignal_does_not_show():

@@ -2,6 +2,7 @@
 a `torch.device` names it. A leaf every layer may import; the wiring into PyTorch is install.py."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import sys
@@ -41,13 +42,9 @@ def jax_device() -> jax.Device:
     the device opens from inside an import (a module that makes a tensor as it loads): that
     import holds a lock the thread's imports could wait on, while this call waits on the thread."""
     names = [] if _importing() else [n for n in _FIRST_OP_IMPORTS if n not in sys.modules]
-    early = threading.Thread(target=_import_all, args=(names,), name="deferfuse-imports", daemon=True)
-    early.start()
-    try:
+    with _importing_beside(names):
         cluster.start()
         return jax.local_devices()[0]
-    finally:
-        early.join(_IMPORT_WAIT_S)
 
 
 def opened() -> bool:
@@ -59,6 +56,19 @@ def opened() -> bool:
 
 def _importing() -> bool:
     return any(getattr(getattr(m, "__spec__", None), "_initializing", False) for m in list(sys.modules.values()))
+
+
+@contextlib.contextmanager
+def _importing_beside(names: list[str]):
+    if not names:
+        yield
+        return
+    early = threading.Thread(target=_import_all, args=(names,), name="deferfuse-imports", daemon=True)
+    early.start()
+    try:
+        yield
+    finally:
+        early.join(_IMPORT_WAIT_S)
 
 
 def _import_all(names: list[str]) -> None:

@@ -48,6 +48,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 
+def child_env(*paths: str, **env: str) -> dict[str, str]:
+    """The environment of a test's child process: deferfuse (and `paths`) importable, and the host's
+    own PYTHONPATH kept, for on a TPU host torch is there."""
+    path = os.pathsep.join(p for p in (ROOT, *paths, os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path, **env}
+
+
 _SUMMARY = re.compile(r"^compile: (\d+) programs, ([\d.]+)s, ([\d.]+)s of it in XLA \(persistent cache: (\d+) hits, "
                       r"(\d+) misses\)$", re.M)
 

@@ -3,13 +3,12 @@ so a CUDA script with "cuda" changed to "tpu" runs without `import deferfuse`, i
 environment picks; TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns it off."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, child_env
 
 pytestmark = pytest.mark.subprocess  # each test is a fresh `python -c`
 
@@ -31,7 +30,7 @@ print(deferfuse.get_default_mode().value, sorted(deferfuse.metrics()["flushes_by
 
 def _python(code: str, **env) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": ROOT, **env})
+                          env=child_env(**env))
 
 
 def test_a_script_without_import_deferfuse_trains_in_the_mode_the_environment_picks():

@@ -15,7 +15,7 @@ from torch import nn
 
 import deferfuse
 from check_models import MLP, Spectral, break_lowering, healthy
-from conftest import MODES, ROOT
+from conftest import MODES, ROOT, child_env
 
 aten = torch.ops.aten
 
@@ -99,8 +99,8 @@ def test_fallback_table_names_the_layer():
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]))
-    return subprocess.run([sys.executable, "-m", "deferfuse.check", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "deferfuse.check", *args], cwd=ROOT,
+                          env=child_env(os.path.join(ROOT, "tests")),
                           capture_output=True, text=True, timeout=300)
 
 

@@ -13,7 +13,7 @@ import torch._dynamo
 import torch.nn.functional as F
 
 import deferfuse
-from conftest import ROOT
+from conftest import ROOT, child_env
 from deferfuse import sources
 from deferfuse.routes import fallback
 from deferfuse.report.text import render as render_report
@@ -573,8 +573,8 @@ def test_the_entry_point_alone_finds_the_backend(tmp_path):
         "assert deferfuse.metrics()['compiled_calls'] == 1\n"
         "print('OK')\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, str(tmp_path)]), "DEFERFUSE_CACHE_DIR": ""}
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                         env=child_env(str(tmp_path), DEFERFUSE_CACHE_DIR=""))
     assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-3000:]
 
 

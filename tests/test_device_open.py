@@ -3,21 +3,19 @@ import (target.jax_device); a sync before then leaves it closed. Each case is a 
 process: the test process has long opened the device and imported those modules."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, child_env
 
 pytestmark = pytest.mark.subprocess
-_THEIRS = os.environ.get("PYTHONPATH")  # a TPU host's torch is there
 
 
 def _python(code: str, path: str = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (ROOT, path, _THEIRS) if p)})
+                          env=child_env(path))
 
 
 def test_opening_the_device_imports_what_the_first_op_would():

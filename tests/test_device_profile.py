@@ -4,7 +4,6 @@ counts by suite, and under it a test that starts a Python process fails at once.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -12,7 +11,7 @@ import pytest
 import torch
 
 import device_profile as P
-from conftest import ROOT, widened
+from conftest import ROOT, child_env, widened
 
 # a plugin for the collecting process: what was selected and deselected, with each item's markers
 _PROBE = """
@@ -29,8 +28,8 @@ def pytest_collection_finish(session):
 
 def _collect(tmp_path, *args, xdist: str = "no:xdist", share: str = "full") -> subprocess.CompletedProcess:
     (tmp_path / "selection_probe.py").write_text(_PROBE)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), ROOT]), "PROBE_OUT": str(tmp_path / "probe.json"),
-           "DEFERFUSE_PROFILE_JSON": str(tmp_path / "summary.json"), "DEFERFUSE_OPINFO": "full", P.SHARE_ENV: share}
+    env = child_env(str(tmp_path), PROBE_OUT=str(tmp_path / "probe.json"), DEFERFUSE_OPINFO="full",
+                    DEFERFUSE_PROFILE_JSON=str(tmp_path / "summary.json"), **{P.SHARE_ENV: share})
     return subprocess.run([sys.executable, "-m", "pytest", "-p", xdist, "-p", "selection_probe", *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 

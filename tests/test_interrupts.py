@@ -19,7 +19,7 @@ from deferfuse import cache, install, interrupts, record
 from deferfuse.cache import runtime
 from deferfuse.config import CONFIG
 from deferfuse.record import CALL
-from conftest import MODES, ROOT
+from conftest import MODES, ROOT, child_env
 
 
 @pytest.mark.subprocess
@@ -33,7 +33,7 @@ def test_sigint_at_random_moments_of_a_recording_and_flushing_loop(mode, tmp_pat
     (JAX's own store deadlocked there)."""
     script = os.path.join(ROOT, "tests", "interrupt_loop.py")
     out = subprocess.run([sys.executable, script, mode, "8", "1", "20"], capture_output=True, text=True, timeout=240,
-                         env={**os.environ, "PYTHONPATH": ROOT, "DEFERFUSE_CACHE_DIR": str(tmp_path)})
+                         env=child_env(DEFERFUSE_CACHE_DIR=str(tmp_path)))
     assert out.returncode == 0, out.stderr[-2000:]
     caught = int(out.stdout.split()[1])
     assert caught >= 20, out.stdout
@@ -172,7 +172,7 @@ def test_a_signal_handlers_exception_in_a_flush_loses_nothing(mode):
     script = os.path.join(ROOT, "tests", "alarm_loop.py")
     args = ["defer_and_fuse", "200", "1", "split"] if mode == "split" else [mode, "200", "1"]
     out = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=240,
-                         env={**os.environ, "PYTHONPATH": ROOT})
+                         env=child_env())
     lost = [line for line in out.stderr.splitlines() if line.startswith("trial ")]
     assert out.returncode == 0, (out.stdout, lost[:5] or out.stderr[-2000:])
     assert out.stdout.split()[:2] == ["interrupts", "200"], out.stdout
@@ -180,7 +180,7 @@ def test_a_signal_handlers_exception_in_a_flush_loses_nothing(mode):
 
 def _run_script(name: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, os.path.join(ROOT, "tests", name), *args], capture_output=True, text=True,
-                          timeout=240, env={**os.environ, "PYTHONPATH": ROOT})
+                          timeout=240, env=child_env())
 
 
 @pytest.mark.subprocess

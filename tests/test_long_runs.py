@@ -10,14 +10,14 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, child_env
 
 pytestmark = pytest.mark.subprocess  # each run is a process of its own
 
 
 def _run(which: str, **env) -> list[dict]:
     out = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "long_runs.py"), which], capture_output=True,
-                         text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT, **env})
+                         text=True, timeout=600, env=child_env(**env))
     assert out.returncode == 0, out.stderr[-2000:]
     return [json.loads(line) for line in out.stdout.splitlines()]
 

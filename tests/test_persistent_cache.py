@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, read_summary
+from conftest import ROOT, child_env, read_summary
 
 pytestmark = pytest.mark.subprocess  # each case is a process of its own (and git's, for the checkout)
 
@@ -38,7 +38,7 @@ print(json.dumps({"losses": losses, "compile_seconds": m["compile_seconds"], "hi
 
 def _run(cache_dir: str, cwd: str = ROOT, **env) -> tuple[dict, str]:
     out = subprocess.run([sys.executable, "-c", _RUN], capture_output=True, text=True, timeout=300, cwd=cwd,
-                         env={**os.environ, "PYTHONPATH": ROOT, "DEFERFUSE_CACHE_DIR": cache_dir, **env})
+                         env=child_env(DEFERFUSE_CACHE_DIR=cache_dir, **env))
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.splitlines()[-1]), out.stderr
 
@@ -69,8 +69,7 @@ def test_the_size_cap_evicts_the_least_recently_used(tmp_path):
     _run(str(tmp_path), DEFERFUSE_CACHE_MAX_MB="1")
     other = _RUN.replace("range(3)", "range(4)").replace("GELU", "Tanh")  # more programs, other ones
     out = subprocess.run([sys.executable, "-c", other], capture_output=True, text=True, timeout=300, cwd=ROOT,
-                         env={**os.environ, "PYTHONPATH": ROOT, "DEFERFUSE_CACHE_DIR": str(tmp_path),
-                              "DEFERFUSE_CACHE_MAX_MB": "1"})
+                         env=child_env(DEFERFUSE_CACHE_DIR=str(tmp_path), DEFERFUSE_CACHE_MAX_MB="1"))
     assert out.returncode == 0, out.stderr[-2000:]
     folder = json.loads(out.stdout.splitlines()[-1])["folder"]
     sizes = [os.path.getsize(p) for p in glob.glob(os.path.join(folder, "*-cache"))]

@@ -21,7 +21,7 @@ from deferfuse import target
 from deferfuse.cache import stored
 from deferfuse.graph import Op
 
-from conftest import ROOT
+from conftest import ROOT, child_env
 
 # several programs in every mode, a result to compare and what the store did
 _RUN = """
@@ -48,12 +48,9 @@ print(json.dumps({"losses": losses, "loaded": m["programs_loaded"], "hits": m["p
 """
 
 
-_PATH = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)  # a TPU host's torch is there
-
-
 def _run(cache_dir: str, code: str = _RUN, **env) -> dict:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
-                         env={**os.environ, "PYTHONPATH": _PATH, "DEFERFUSE_CACHE_DIR": cache_dir, **env})
+                         env=child_env(DEFERFUSE_CACHE_DIR=cache_dir, **env))
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.splitlines()[-1])
 
@@ -178,8 +175,7 @@ with deferfuse.mode("strict"):
     (x * 3).cpu()
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
-                         env={**os.environ, "PYTHONPATH": _PATH, "DEFERFUSE_CACHE_DIR": str(tmp_path),
-                              "DEFERFUSE_CACHE_VERIFY": "1"})
+                         env=child_env(DEFERFUSE_CACHE_DIR=str(tmp_path), DEFERFUSE_CACHE_VERIFY="1"))
     assert out.returncode != 0 and "DifferentProgram" in out.stderr and "is not the one tracing makes" in out.stderr
 
 

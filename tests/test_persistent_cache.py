@@ -101,10 +101,10 @@ def test_no_compile_cache_entry_is_tracked():
 
 
 def test_the_default_folder_is_under_the_users_cache(tmp_path):
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    env = child_env(XDG_CACHE_HOME=str(tmp_path))
     env.pop("DEFERFUSE_CACHE_DIR", None)
     out = subprocess.run([sys.executable, "-c", "import deferfuse; print(deferfuse.persistent.configure())"],
-                         capture_output=True, text=True, timeout=300, cwd=ROOT, env={**env, "PYTHONPATH": ROOT})
+                         capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert out.stdout.strip().startswith(str(tmp_path / "deferfuse" / "jax-")), out.stderr[-2000:]
 
 
@@ -125,7 +125,7 @@ def test_the_demo_run_twice_compiles_a_quarter_as_long_the_second_time(tmp_path)
     def demo():
         out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "gpt_train.py"), "--steps", "6",
                               "--log-every", "2"], capture_output=True, text=True, timeout=600, cwd=ROOT,
-                             env={**os.environ, "PYTHONPATH": ROOT, "DEFERFUSE_CACHE_DIR": str(tmp_path)})
+                             env=child_env(DEFERFUSE_CACHE_DIR=str(tmp_path)))
         assert out.returncode == 0, out.stderr[-2000:]
         lines = out.stdout.splitlines()
         losses = [line.split("(")[0] for line in lines if line.startswith("step")]

@@ -77,4 +77,16 @@ SPECS = [
               n_positions=64, **TOKENS),
     causal_lm("opt", T.OPTForCausalLM, T.OPTConfig, hidden_size=32, ffn_dim=64, num_hidden_layers=2,
               num_attention_heads=4, word_embed_proj_dim=32, max_position_embeddings=64, **TOKENS),
+    # multi-head latent attention (low-rank q and kv, a rotary part of each head) and group-limited
+    # top-k routing with a shared expert; its attention takes as many kv heads as query heads
+    causal_lm("deepseek_v3", T.DeepseekV3ForCausalLM, T.DeepseekV3Config, n_routed_experts=4, num_experts_per_tok=2,
+              moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=16,
+              q_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8, head_dim=4, n_group=2,
+              topk_group=1, **{**LLAMA_LIKE, "num_key_value_heads": 4}),
+    # attention sinks, a clamped SwiGLU in its experts, sliding and full attention layers alternating
+    causal_lm("gpt_oss", T.GptOssForCausalLM, T.GptOssConfig, num_local_experts=4, num_experts_per_tok=2, head_dim=8,
+              sliding_window=4, **LLAMA_LIKE),
+    # a state-space model, not attention: transformers' sequential selective scan and causal conv1d
+    causal_lm("mamba", T.MambaForCausalLM, T.MambaConfig, hidden_size=32, state_size=8, num_hidden_layers=2, expand=2,
+              conv_kernel=4, **TOKENS),
 ]

@@ -13,9 +13,9 @@ from conftest import ROOT, child_env
 pytestmark = pytest.mark.subprocess
 
 
-def _python(code: str, path: str = ROOT) -> subprocess.CompletedProcess:
+def _python(code: str, *paths: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, cwd=ROOT,
-                          env=child_env(path))
+                          env=child_env(*paths))
 
 
 def test_opening_the_device_imports_what_the_first_op_would():

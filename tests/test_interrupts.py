@@ -31,9 +31,7 @@ def test_sigint_at_random_moments_of_a_recording_and_flushing_loop(mode, tmp_pat
     ops. Before interrupts.py, a flush cut by one left its tensors reading zeros. A fresh
     persistent cache folder, so interrupts also land while its entries are read and written
     (JAX's own store deadlocked there)."""
-    script = os.path.join(ROOT, "tests", "interrupt_loop.py")
-    out = subprocess.run([sys.executable, script, mode, "8", "1", "20"], capture_output=True, text=True, timeout=240,
-                         env=child_env(DEFERFUSE_CACHE_DIR=str(tmp_path)))
+    out = _run_script("interrupt_loop.py", mode, "8", "1", "20", DEFERFUSE_CACHE_DIR=str(tmp_path))
     assert out.returncode == 0, out.stderr[-2000:]
     caught = int(out.stdout.split()[1])
     assert caught >= 20, out.stdout
@@ -169,18 +167,16 @@ def test_a_signal_handlers_exception_in_a_flush_loses_nothing(mode):
     every step (`split`: DeferAndFuse with programs of two ops, so also between the programs of
     one flush). Before the hold (interrupts.py), a value was lost, raising FlushError when read,
     in 61, 84 and 43 of the 200 trials."""
-    script = os.path.join(ROOT, "tests", "alarm_loop.py")
     args = ["defer_and_fuse", "200", "1", "split"] if mode == "split" else [mode, "200", "1"]
-    out = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=240,
-                         env=child_env())
+    out = _run_script("alarm_loop.py", *args)
     lost = [line for line in out.stderr.splitlines() if line.startswith("trial ")]
     assert out.returncode == 0, (out.stdout, lost[:5] or out.stderr[-2000:])
     assert out.stdout.split()[:2] == ["interrupts", "200"], out.stdout
 
 
-def _run_script(name: str, *args: str) -> subprocess.CompletedProcess:
+def _run_script(name: str, *args: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, os.path.join(ROOT, "tests", name), *args], capture_output=True, text=True,
-                          timeout=240, env=child_env())
+                          timeout=240, env=child_env(**env))
 
 
 @pytest.mark.subprocess

@@ -36,8 +36,8 @@ print(json.dumps({"losses": losses, "compile_seconds": m["compile_seconds"], "hi
 """
 
 
-def _run(cache_dir: str, cwd: str = ROOT, **env) -> tuple[dict, str]:
-    out = subprocess.run([sys.executable, "-c", _RUN], capture_output=True, text=True, timeout=300, cwd=cwd,
+def _run(cache_dir: str, cwd: str = ROOT, code: str = _RUN, **env) -> tuple[dict, str]:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=cwd,
                          env=child_env(DEFERFUSE_CACHE_DIR=cache_dir, **env))
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.splitlines()[-1]), out.stderr
@@ -68,10 +68,7 @@ def test_a_corrupt_entry_is_compiled_again_with_a_warning(tmp_path):
 def test_the_size_cap_evicts_the_least_recently_used(tmp_path):
     _run(str(tmp_path), DEFERFUSE_CACHE_MAX_MB="1")
     other = _RUN.replace("range(3)", "range(4)").replace("GELU", "Tanh")  # more programs, other ones
-    out = subprocess.run([sys.executable, "-c", other], capture_output=True, text=True, timeout=300, cwd=ROOT,
-                         env=child_env(DEFERFUSE_CACHE_DIR=str(tmp_path), DEFERFUSE_CACHE_MAX_MB="1"))
-    assert out.returncode == 0, out.stderr[-2000:]
-    folder = json.loads(out.stdout.splitlines()[-1])["folder"]
+    folder = _run(str(tmp_path), code=other, DEFERFUSE_CACHE_MAX_MB="1")[0]["folder"]
     sizes = [os.path.getsize(p) for p in glob.glob(os.path.join(folder, "*-cache"))]
     assert sizes and sum(sizes) <= 1 << 20
 

@@ -183,6 +183,16 @@ def _no_complex128_on_a_tpu(request):
 
 
 @pytest.fixture
+def fresh_dynamo():
+    """Dynamo's compiled frames and counters are process-wide: each torch.compile test starts and
+    ends without another's guards, graphs or recompile counts."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
 def events():
     deferfuse.events.start_collecting()
     try:

@@ -59,7 +59,8 @@ with deferfuse.mode(mode):
         base, mid = host[0].item(), (host[2] - host[0]).item()
         extra = (base - n, mid - m, ha[0].item() - k)  # 1 where the interrupt came as an op returned
         assert all(e in (0, 1) for e in extra) and sum(extra) <= 1, (mode, n, m, k, host.tolist(), ha.tolist())
-        assert torch.equal(host[[0, 1, 6, 7]], torch.full((4,), base)) and torch.equal(host[2:6], torch.full((4,), base + mid))
+        assert (torch.equal(host[[0, 1, 6, 7]], torch.full((4,), base))
+                and torch.equal(host[2:6], torch.full((4,), base + mid)))
         assert torch.equal(hb - ha, torch.ones(4)) and torch.equal(ha, torch.full((4,), ha[0].item())), (ha, hb)
         n, m, k = n + extra[0], m + extra[1], k + extra[2]
 done.set()

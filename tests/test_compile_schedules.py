@@ -17,12 +17,7 @@ from test_compile import _step
 STEPS = 8
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 # the defaults a training script gets: foreach, a Python float lr (capturable on tpu under Dynamo)

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import deferfuse
-from conftest import MODES, check_raises_like_cpu
+from conftest import MODES, check_all_modes, check_raises_like_cpu
 
 W = torch.tensor([[1.0, 0.0, 3.0, 4.0, 2.0], [0.0, 5.0, 0.0, 5.0, 0.0]])  # unnormalised, with zeros
 
@@ -120,6 +120,28 @@ def test_a_generator_decides_the_values(draw, mode):
         again = [f(g).cpu() for _ in range(2)]
     torch.testing.assert_close(again, first)
     assert not torch.equal(first[0], first[1])  # and it moves on per draw
+
+
+# randperm has no lowering: it runs on the host, as a CPU fallback, and draws there
+@pytest.mark.parametrize("mode", MODES)
+def test_a_random_op_run_on_the_host_draws_from_the_generator_it_is_given(mode):
+    """Recorded from its signature's second call on, the fallback kept the first call's generator:
+    fresh generators seeded alike gave other permutations (transformers' watermarking logits
+    processor builds one per `generate` call)."""
+    want = torch.randperm(16, generator=torch.Generator().manual_seed(1))
+    with deferfuse.mode(mode):
+        got = [torch.randperm(16, generator=torch.Generator(device="tpu").manual_seed(1), device="tpu")
+               for _ in range(3)]
+        got = [t.cpu() for t in got]
+    torch.testing.assert_close(got, [want] * 3)
+
+
+def test_a_random_op_run_on_the_host_draws_at_its_call():
+    """Recorded, the draw waited for the flush, after the draws the generator made since."""
+    def run(d):
+        g = torch.Generator(device=d).manual_seed(0)
+        return [torch.randperm(n, generator=g, device=d) for n in (16, 16, 5)]
+    check_all_modes(run)
 
 
 def test_cpu_generators_are_still_generators():

@@ -4,10 +4,10 @@ Never silently wrong: every fallback increments `metrics()["cpu_fallbacks"][op]`
 op naming it, and emits a report event with the user's line; DEFERFUSE_NO_CPU_FALLBACK=1 turns it
 into a NotImplementedError naming the op.
 
-Where PyTorch's meta kernel knows the output shapes and the op mutates nothing, the fallback is
-*recorded* as a host node (after the first call of its signature, which runs at once): the fuser
-splits programs around it and the rest of the flush still fuses. Otherwise the pending graph is
-flushed and the op runs at once.
+Where PyTorch's meta kernel knows the output shapes and the op mutates and draws nothing, the
+fallback is *recorded* as a host node (after the first call of its signature, which runs at
+once): the fuser splits programs around it and the rest of the flush still fuses. Otherwise the
+pending graph is flushed and the op runs at once.
 """
 from __future__ import annotations
 
@@ -25,6 +25,9 @@ from ..transfers import resize, to_cpu
 
 _warned: set[str] = set()
 _AT_ONCE: set = set()  # host signatures whose meta kernel lays results out unlike CPU: never recorded
+# A random op draws from its generator when it runs. Recorded, it would run at the flush, with the
+# generator its recipe kept from the signature's first call, after draws the host made since.
+_SEEDED = torch.Tag.nondeterministic_seeded
 
 
 def _note(func, reason: str) -> None:
@@ -52,7 +55,7 @@ def _note(func, reason: str) -> None:
 def run(func, args, kwargs, reason: str = "no lowering", record: bool = True):
     walked = _walk(func, args, kwargs)
     _note(func, reason)
-    if record and walked is not None and not func._schema.is_mutable:
+    if record and walked is not None and not func._schema.is_mutable and _SEEDED not in func.tags:
         recorded = _try_record(func, args, kwargs, *walked)
         if recorded is not NotImplemented:
             return recorded

@@ -104,6 +104,11 @@ class Config:
     # DeferAndFuse replays a training step from the trace of the step before (executors/replay.py)
     # rather than recording it again op by op; off to compare, or to bisect a problem.
     replay: bool = field(default_factory=lambda: _flag("DEFERFUSE_REPLAY", True))
+    # Launch a replayed step's programs as the replay records their last nodes (cache/ahead.py),
+    # so the device runs the step's first layers while the host records the rest. "auto": on an
+    # accelerator; not on JAX's CPU backend, whose device is the host's own cores, where the
+    # programs then slow the recording they would overlap (docs/performance.md).
+    run_ahead: bool | str = field(default_factory=lambda: _flag_or("DEFERFUSE_RUN_AHEAD", "auto", "auto"))
     # Record the user's file:line for every recorded op (used by errors and the report).
     source_lines: bool = field(default_factory=lambda: _flag("DEFERFUSE_SOURCE_LINES", True))
     # Live event log, like TORCH_LOGS: any of flush, compile, fallback, all.

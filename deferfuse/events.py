@@ -34,6 +34,10 @@ class Metrics:
     # and how many: one per program deferfuse compiled, unless JAX compiled one again unseen
     xla_compiles: int = 0
     execute_calls: int = 0
+    # of those, programs of a replayed step launched before its flush (cache/ahead.py), and ones
+    # launched whose flush then ran another plan, so that they were run again
+    programs_ran_ahead: int = 0
+    programs_ran_ahead_wasted: int = 0
     # flushes of zeros and ones alone, made on the host and copied over: no program (cache/fills.py)
     fills_on_host: int = 0
     cpu_fallbacks: Counter = field(default_factory=Counter)  # op name -> count
@@ -80,6 +84,8 @@ class Metrics:
             "xla_compile_seconds": self.xla_compile_seconds,
             "xla_compiles": self.xla_compiles,
             "execute_calls": self.execute_calls,
+            "programs_ran_ahead": self.programs_ran_ahead,
+            "programs_ran_ahead_wasted": self.programs_ran_ahead_wasted,
             "fills_on_host": self.fills_on_host,
             "cpu_fallbacks": dict(self.cpu_fallbacks),
             "cpu_fallbacks_total": sum(self.cpu_fallbacks.values()),

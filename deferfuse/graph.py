@@ -248,6 +248,8 @@ class Graph:
         # while a graph is recorded to be abandoned: (storage, value, graph, ref, error) as each
         # storage was before it first became pending here
         self.before: list | None = None
+        # a replayed step's programs launched before its flush (cache/ahead.py)
+        self.ahead = None
 
     def __len__(self):
         return len(self.nodes)

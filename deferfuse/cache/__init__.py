@@ -22,7 +22,7 @@ from ..causes import ONE_OP, Cause
 from ..config import CONFIG
 from ..events import METRICS
 from ..graph import OUT_BITS, Graph
-from . import plans, pressure, runtime
+from . import ahead, plans, pressure, runtime
 from .key import Key, explain_miss, group_key  # noqa: F401  (the cache's API)
 from .plans import Plan, one_program  # noqa: F401
 from .runtime import Compiled, run_single  # noqa: F401
@@ -44,6 +44,7 @@ def lookup(key: Key) -> Plan | None:
 
 def clear() -> None:
     _PLANS.clear()
+    ahead.forget()
     plans.clear()
     runtime.clear()
     _LAST_AT_SITE.clear()
@@ -85,7 +86,7 @@ def execute(g: Graph, out_refs: tuple, cause: str, where, live: list, live_refs:
         _LAST_AT_SITE[site] = key
     ran = plan.programs_compiled()
     t0 = time.perf_counter()
-    results = plan.run(g, out_refs, live, live_refs)
+    results = plan.run(g, out_refs, live, live_refs, ahead.take(g, plan))
     if hit and plan.programs_compiled() != ran:
         # a cached plan met a new donation pattern: that is one more XLA compile
         hit = False

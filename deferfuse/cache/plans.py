@@ -50,16 +50,17 @@ class Plan:
         """Programs (donation variants included) this plan's steps have compiled so far."""
         return sum(step.fn.compiled for step in self.steps if step.fn is not None)
 
-    def run(self, g: Graph, out_refs: tuple, live: list = (), live_refs: dict | None = None) -> list:
+    def run(self, g: Graph, out_refs: tuple, live: list = (), live_refs: dict | None = None, ran=None) -> list:
         """The flush's outputs, in `out_refs` order. `live`: the storages that receive them, and
-        `live_refs` each one's position among them (what the programs may donate into)."""
+        `live_refs` each one's position among them (what the programs may donate into). `ran`:
+        (the values, how many steps) of the steps already launched from this plan (ahead.py)."""
         t0 = time.perf_counter()
         try:
-            return self._run(g, out_refs, live, live_refs)
+            return self._run(g, out_refs, live, live_refs, ran)
         finally:
             METRICS.execute_seconds += time.perf_counter() - t0
 
-    def _run(self, g: Graph, out_refs: tuple, live, live_refs) -> list:
+    def _run(self, g: Graph, out_refs: tuple, live, live_refs, ran=None) -> list:
         if self.fills is not None:
             return [made() for made in self.fills]
         if self.single is not None:
@@ -71,7 +72,17 @@ class Plan:
         # a host step (a CPU fallback) can fail on its data; the graph's inputs must then still be
         # there for pending._recover, so a plan with one donates nothing
         donate = g.sources is None and not self.has_host
-        for step in self.steps:
+        steps = self.steps
+        if ran is not None:  # one dict, so that a value read for the last time is held by nothing else
+            made, done = ran
+            made.update(env)
+            env = made
+            steps = steps[done:]
+            # The loop holds a step's output list while the next step runs, which keeps those values
+            # from being donated there. The last launched step's outputs are held so too: the next
+            # step then donates what it always does, and run-ahead compiles no variant of its own.
+            outs = [env[r] for r in self.steps[done - 1].group.out_refs]  # noqa: F841
+        for step in steps:
             grp = step.group
             dies = step.dies
             # a value read for the last time leaves env, so the step may donate its buffer

@@ -170,6 +170,29 @@ class Compiled:
         return outs if back is None else [outs[k] for k in back]
 
 
+def run_compiled(c: Compiled, inputs: list, scalars, allowed) -> list | None:
+    """Run c as `Compiled.run` would, but donating only inputs at positions in `allowed`, and
+    only with a variant of its program that has run before: None if none has (run-ahead,
+    ahead.py, must never compile, nor donate a graph input its fallback would need)."""
+    mask = ()
+    if c.donors and CONFIG.donate and allowed:
+        mask = tuple(i for i in c.donatable(inputs) if i in allowed)
+    best = None
+    for m, variant in c.variants.items():
+        if variant[0] in _RAN and (best is None or len(m) > len(best)) and set(m) <= set(mask):
+            best = m
+    if best is None:
+        return None
+    if not best:
+        return c(inputs, scalars)
+    fn, give, kept, back = c.variants[best]
+    m = METRICS
+    m.buffers_donated += len(best)
+    m.bytes_donated += sum([c.nbytes[i] for i in best])
+    outs = _RAN[fn]([inputs[i] for i in kept], [inputs[i] for i in give], c._scalars(scalars))
+    return outs if back is None else [outs[k] for k in back]
+
+
 def _donating_variant(key: tuple, fn, give: tuple, order: tuple, name: str | None = None):
     """The group program `fn` taking the inputs at `give` (in that order) as a second, donated
     list, and returning its outputs in `order`; `name`: the stored name of `fn`."""

@@ -77,6 +77,7 @@ class FreshState:
         # graph is as it was, whatever was raised
         scalar_lo = g.nodes[first].scalar_lo
         del g.nodes[first:], g.sig[first:], g.scalars[scalar_lo:]
+        g.ahead = None  # launched programs may have read the nodes taken out (cache/ahead.py)
         # and the inputs only they read (each fill reads a parameter for its shape): registered by
         # them, the step would take its parameters in the fills' order where later steps take them
         # in the update's (Adam's, after a sync point): another program at the second step

@@ -36,6 +36,7 @@ output holds).
 from __future__ import annotations
 
 from .. import dtypes, events, rng
+from ..cache import ahead
 from ..config import CONFIG
 from ..events import METRICS
 from ..graph import OUT_BITS
@@ -71,6 +72,7 @@ class StepReplay:
         self.slot_of: dict[int, int] = {}  # id(storage) -> slot, for the first `synced` slots
         self.synced = 0
         self.seg = 0  # the first entry of the segment being traced or replayed (after the last sync)
+        self.kind = None  # the step's first op and its source line: which trace it is
         self.diverged = False  # the step left its trace where the trace says another op came
         self._in_op = False  # an op's route is running (`_record`): a flush now is that op's
         self.ex.serve = None
@@ -137,7 +139,9 @@ class StepReplay:
 
     def first(self, func, args, kwargs, route):
         """The step's first op picks the trace to replay, by the op and its source line."""
-        trace = self.traces.get((func, PENDING.where))
+        self.kind = (func, PENDING.where)
+        ahead.begin(PENDING.graph, (self.kind, 0))
+        trace = self.traces.get(self.kind)
         if trace is not None:
             self.entries = trace
             self.replaying = True
@@ -162,6 +166,7 @@ class StepReplay:
                 self.i = i + 1
                 if e.sync:
                     self.seg = self.i
+                    ahead.begin(PENDING.graph, (self.kind, self.seg))
                 return out
             why = ("it did not flush the pending graph where the trace's call did" if e.sync
                    else "it changed the pending graph where the trace's call left it alone")
@@ -172,6 +177,8 @@ class StepReplay:
         out = serve(args, kwargs, g, self.slots)
         if out is not MISS:
             self.i = i + 1
+            if g.ahead is not None:
+                ahead.recorded(g)
             return out
         # the values differ: record the op as usual, and go on if it did what the trace says
         self._sync_slots()
@@ -237,6 +244,7 @@ class StepReplay:
             self.entries.append(e)
             if e.sync:
                 self.seg = len(self.entries)
+                ahead.begin(PENDING.graph, (self.kind, self.seg))
 
     def _plain(self, func, args, kwargs, route):
         CALL.depth = 1

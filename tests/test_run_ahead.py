@@ -19,6 +19,7 @@ from deferfuse.cache import ahead, runtime
 from deferfuse.config import CONFIG
 from deferfuse.executors.base import EagerMode
 from deferfuse.modes import EXECUTORS
+from deferfuse.report.text import render
 
 pytestmark = pytest.mark.tpu_tolerance(
     times=8, why="ten AdamW steps through bf16-pass matmuls, as test_replay.py's loops")
@@ -89,6 +90,8 @@ def test_a_loop_that_logs_its_loss_runs_ahead_and_matches_cpu():
     m = deferfuse.metrics()
     assert m["programs_ran_ahead"] > STEPS, m["programs_ran_ahead"]  # several programs a step, once confirmed
     assert m["programs_ran_ahead_wasted"] == 0
+    text = render(deferfuse.report())
+    assert f"{m['programs_ran_ahead']} programs of replayed steps launched before their flush" in text
 
 
 def test_running_ahead_compiles_nothing_more():
@@ -146,9 +149,26 @@ def test_another_shape_after_running_ahead_matches_cpu():
     torch.testing.assert_close(got, cpu)
 
 
-def test_a_launch_that_fails_leaves_the_flush_to_run_everything(monkeypatch):
-    """An exception as a program is launched (a KeyboardInterrupt) drops the step's run-ahead:
-    the step the user abandons there changes nothing, and the next steps match CPU."""
+def test_a_launch_that_fails_is_left_to_the_flush(monkeypatch):
+    """A program that fails as it is launched (the device out of memory, say) raises nothing at the
+    op that launched it: its step's flush runs the whole plan, and reports a failure as it would."""
+    calls = {"n": 0}
+    real = runtime.run_compiled
+
+    def failing(c, inputs, scalars, allowed):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("RESOURCE_EXHAUSTED: out of memory (as a launch may fail)")
+        return real(c, inputs, scalars, allowed)
+
+    monkeypatch.setattr(ahead, "run_compiled", failing)
+    torch.testing.assert_close(_on_tpu(), _loop("cpu"))
+    assert calls["n"] > 3
+
+
+def test_an_interrupt_as_a_program_launches_gives_up_its_step(monkeypatch):
+    """A KeyboardInterrupt as a program is launched raises at the op that launched it, and drops the
+    step's run-ahead: the step the user abandons there changes nothing, the next steps match CPU."""
     calls = {"n": 0}
     real = runtime.run_compiled
 

@@ -22,7 +22,7 @@ compiled, so it never compiles.
 """
 from __future__ import annotations
 
-from .. import spmd
+from .. import events, spmd
 from ..config import CONFIG
 from ..events import METRICS
 from ..target import jax_device
@@ -95,9 +95,12 @@ def recorded(g) -> None:
             a.ready = _ready(a.plan, a.done)
             METRICS.execute_calls += 1
             METRICS.programs_ran_ahead += 1
-    except BaseException:
+    except Exception as exc:  # noqa: BLE001 - the flush runs the program again and reports its failure as usual
         # a value read for the last time may have left env with the program that failed to
         # start: the flush runs the whole plan from the graph's inputs, which launches never donate
+        g.ahead = None
+        events.emit("run_ahead_stop", error=f"{type(exc).__name__}: {str(exc)[:200]}")
+    except BaseException:  # an interrupt: the op that launched raises it, its step left as above
         g.ahead = None
         raise
 

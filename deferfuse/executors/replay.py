@@ -1,10 +1,9 @@
 """Step replay: a training step that was recorded once is fed again from its trace.
 
-Once a step has been recorded and compiled, every later identical step used to pay the whole
-recording again: per op, the signature walk, the recipe lookup, the graph's node and refs, the
+Recording costs, per op, the signature walk, the recipe lookup, the graph's node and refs and the
 period detector. This keeps, per training step (the ops between two optimizer `step()`s), a trace
-of what each top-level op did to the pending graph, and on the next step checks each op against
-it and applies what it did, without routing or recording it:
+of what each top-level op did to the pending graph; the next step checks each op against it and
+applies what it did, without routing or recording it:
 
 - the check: the same overload from the same source line; the same arguments, the non-tensor
   ones equal (a float by its sign too), every tpu tensor with the layout it had and the same
@@ -22,15 +21,15 @@ says; the replay goes on after it. At the first real difference (another shape, 
 new sync point) the step is recorded from there on, as before, and its trace replaces the old one.
 
 A sync point inside a step (`loss.item()` before `optimizer.step()`, a model's `if mask.all():`)
-flushes the graph: the trace goes on past it, in the new graph, as a segment of its own with its
-own slots. The op that flushed runs again, as it is, at every replay (its value may change the
-step's branch, which the ops after it are checked for). Hugging Face models make one to three such
-reads per step, near its start: without segments almost none of their step replayed.
+flushes the graph: the trace goes on past it, in the new graph, a segment with its own slots. The
+op that flushed runs again, as it is, at every replay (its value may change the step's branch,
+which the ops after it are checked for). Hugging Face models make one to three such reads per
+step, near its start. A replayed segment launches its programs as it goes (cache/ahead.py).
 
 What is traced is judged by its effects, not by a list of routes: an op is left out (and the
 trace ends there) if it flushed and recorded into the new graph, ran a program, fell back to the
 CPU, drew random numbers, read the host, changed a tensor's metadata, returned anything but tpu
-tensors, or left a value the trace cannot name (a new input not among its arguments, a storage no
+tensors, or left a value the trace cannot name (an input not among its arguments, a storage no
 output holds).
 """
 from __future__ import annotations
@@ -233,7 +232,7 @@ class StepReplay:
         out, e = self._record(func, args, kwargs, route, _leaves(args, kwargs))
         self.ex.after_op(func, out)
         if len(fresh.storages) != held:  # an optimizer's new state, to be made apart: not a step's op
-            e = self._no(func, "it made an optimizer's state")
+            e = self._stopped(func, "it made an optimizer's state")
         self._traced(e)
         return out
 
@@ -288,7 +287,7 @@ class StepReplay:
         left that graph empty."""
         g = PENDING.graph
         if g.nodes or g.inputs or g.storages:
-            return self._no(func, "it flushed the pending graph and recorded into the new one")
+            return self._stopped(func, "it flushed the pending graph and recorded into the new one")
         e = Entry()
         e.func, e.where, e.n0, e.s0, e.i0 = func, PENDING.where, n0, s0, i0
         e.run, e.sync, e.shape, e.nodes, e.precision, e.push, e.fill = False, True, "sync", (), None, None, False
@@ -297,14 +296,10 @@ class StepReplay:
         self.synced = 0
         return e
 
-    def _no(self, func, why: str) -> None:
-        """No entry for this op: the trace ends here, for the reason given."""
-        self._stopped(func, why)
-        return None
-
     def _stopped(self, func, why: str) -> None:
         """What ended a trace, or a replay, before its step did: kept for tests, and the report's
-        event (its step replay section says which calls stop steps from replaying, and why)."""
+        event (its step replay section says which calls stop steps from replaying, and why).
+        None, the entry of an op the trace ends at."""
         self.why = f"{func}: {why}"
         events.emit("replay_stop", op=str(func), where=PENDING.where, why=why)
 
@@ -375,13 +370,13 @@ class StepReplay:
             e.run, e.sync, e.shape, e.nodes, e.precision, e.push, e.fill = True, False, "run", (), None, None, False
             return out, e
         if not ok:
-            return out, self._no(func, "an argument a trace cannot hold (a CPU tensor, a generator, a value "
+            return out, self._stopped(func, "an argument a trace cannot hold (a CPU tensor, a generator, a value "
                                        "made elsewhere)")
         if probe[:-1] != (m.execute_calls, sum(m.cpu_fallbacks.values()), sum(m.host_syncs.values()),
                           rng.counter(), len(ex.fresh.storages)):
-            return out, self._no(func, "it ran a program, fell back to the CPU, read the host or drew random numbers")
+            return out, self._stopped(func, "it ran a program, fell back to CPU, read the host or drew random numbers")
         if any(a._st is not st or a._lid != lid or a._lay != lay for a, st, lid, lay, *_ in before):
-            return out, self._no(func, "it changed a tensor's metadata (an in-place view)")
+            return out, self._stopped(func, "it changed a tensor's metadata (an in-place view)")
         n1 = len(g.nodes)
         e = Entry()
         e.func, e.where, e.n0, e.s0, e.i0, e.k0, e.pat = func, stream.where, n0, s0, i0, k0, pat
@@ -393,7 +388,7 @@ class StepReplay:
         for v, aval in zip(g.inputs[i0:], g.input_avals[i0:]):
             k = by_value.get(id(v))
             if k is None:
-                return out, self._no(func, "it made a graph input of its own (a constant)")
+                return out, self._stopped(func, "it made a graph input of its own (a constant)")
             e.inputs.append((k, *aval))
         e.reads = dict(list(g.reads.items())[r0:]) if len(g.reads) > r0 else None
         lo = n0 << OUT_BITS
@@ -412,34 +407,34 @@ class StepReplay:
                 slots.append(st)
                 made.add(id(st))
             else:
-                return out, self._no(func, "it wrote a storage it was not given")
+                return out, self._stopped(func, "it wrote a storage it was not given")
         e.writes = []
         for k, (graph, ref, value) in state.items():
             st = slots[k]
             if st.graph is not graph or st.ref != ref or st.value is not value:
                 if st.graph is not g or st.ref < lo:
-                    return out, self._no(func, "it replaced a storage's value")
+                    return out, self._stopped(func, "it replaced a storage's value")
                 e.writes.append((k, st.ref))
         flat, spec = flatten_outputs(out)
         if not _tensors_only(spec):
-            return out, self._no(func, "it returned a value that is not a tensor")
+            return out, self._stopped(func, "it returned a value that is not a tensor")
         e.outs = []
         held = set()
         for t in flat:
             if type(t) is not TpuTensor or t.is_inference():
-                return out, self._no(func, "it returned a tensor of another kind")
+                return out, self._stopped(func, "it returned a tensor of another kind")
             k = next((j for j, a in enumerate(leaves) if a is t), None)
             if k is not None:
                 e.outs.append((None, k))
                 continue
             k = slot_of.get(id(t._st))
             if k is None:
-                return out, self._no(func, "it returned a tensor the step had not seen")
+                return out, self._stopped(func, "it returned a tensor the step had not seen")
             held.add(id(t._st))
             size, stride, dtype = LAYOUTS[t._lid]
             e.outs.append((k, k, size, stride, dtype, t._lid, t._lay))
         if made - held:
-            return out, self._no(func, "it kept a value it made where no output holds it")
+            return out, self._stopped(func, "it kept a value it made where no output holds it")
         e.spec = spec
         e.n_new = len(slots) - k0
         e.push = ((func._df.fid << 32) ^ g.nodes[-1].op.shape_hash, n1 - n0) if n1 > n0 else None

@@ -41,6 +41,8 @@ def _summary(m: dict, n_recompiles: int | None) -> dict[str, Any]:
     return {
         "ops_recorded": m.get("ops_recorded", 0),
         "ops_replayed": m.get("ops_replayed", 0),
+        "programs_ran_ahead": m.get("programs_ran_ahead", 0),
+        "programs_ran_ahead_wasted": m.get("programs_ran_ahead_wasted", 0),
         "flushes": m.get("flushes", sum(m.get("flushes_by_cause", {}).values())),
         "programs_compiled": misses,
         "cache_hits": hits,

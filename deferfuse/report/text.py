@@ -102,6 +102,10 @@ def render(rep: dict[str, Any], top: int = 5, color: bool = False) -> str:
         f"{s['flushes']} flushes, {s['programs_compiled']} programs compiled, "
         f"{s['cache_hits']} cache hits ({pct(s['cache_hit_rate'])} hit rate), {s['cpu_fallbacks']} CPU fallbacks"
     )
+    ahead, wasted = s.get("programs_ran_ahead", 0), s.get("programs_ran_ahead_wasted", 0)
+    if ahead:
+        lines.append(f"  {ahead} programs of replayed steps launched before their flush (run-ahead)"
+                     + (f", {wasted} of them run again because their step's flush ran another plan" if wasted else ""))
     disk_hits, disk_misses = s.get("persistent_cache_hits", 0), s.get("persistent_cache_misses", 0)
     if disk_hits or disk_misses:
         loaded = s.get("programs_loaded", 0)

@@ -1,7 +1,7 @@
 """DeferAndFuse launches a replayed step's programs before the step's flush (cache/ahead.py).
 
-The loops here read their loss with `.item()` every step, as many training loops do, through a
-model whose repeated blocks the fuser cuts into several programs. Launching early must change
+The loops here read their loss with `.item()` every step, through a model whose repeated blocks
+the fuser cuts into several programs. Launching early must change
 no value and compile nothing: every loop matches CPU, and one that runs ahead compiles exactly
 what the same loop compiles without running ahead. A step that turns out to differ from its
 trace after programs were launched (another branch, a new sync point, an op that raises) drops

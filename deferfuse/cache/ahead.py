@@ -1,16 +1,17 @@
 """Run-ahead: a replayed step's programs start while the rest of the step is still recorded.
 
-A training loop that reads its loss every step (`loss.item()` to log it) waits for each step's
-result before it records the next. Recorded whole and flushed at its end, such a step costs the
-host's recording and then the device's run, one after the other, where Strict, dispatching op by
-op, overlaps the two: on a device-bound model DeferAndFuse was then slower than Strict. When a
-step replays its trace (executors/replay.py), its pending graph is, node for node, the graph that
-the same segment of the same kind of step flushed last time. Once that flush has run the same
-plan twice in a row, the plan's programs are launched (asynchronously, in the plan's order) as
-soon as the replay has recorded the last node each one computes, and the flush runs only the
-rest. A plan of more than one program is what makes this pay: a model whose layers repeat is cut
-into a program per layer (the fuser's blocks), so the device runs the first layers while the
-host records the last.
+A training loop that waits for each whole step before it records the next (`deferfuse.sync()`,
+`torch.tpu.synchronize()`, a value that only the step's last programs make) paid, step after
+step, the host's recording and then the device's run, where Strict, dispatching op by op,
+overlaps the two: on a device-bound model DeferAndFuse was then slower than Strict. (`loss.item()`
+alone waits only for the program that makes the loss, so the device's backward pass already
+overlapped the next step's recording.) When a step replays its trace (executors/replay.py), its
+pending graph is, node for node, the graph that the same segment of the same kind of step flushed
+last time. Once that flush has run the same plan twice in a row, the plan's programs are launched
+(asynchronously, in the plan's order) as soon as the replay has recorded the last node each one
+computes, and the flush runs only the rest. A plan of more than one program is what makes this
+pay: a model whose layers repeat is cut into a program per layer (the fuser's blocks), so the
+device runs the first layers while the host records the last.
 
 Nothing here can change a value. A launched program reads graph inputs and scalars at positions
 that never change once recorded, and the outputs of the programs launched before it. The flush

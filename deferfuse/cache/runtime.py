@@ -75,21 +75,22 @@ class Compiled:
         if not self.donors or not CONFIG.donate:
             return self(inputs, scalars)
         mask = self.donatable(inputs)
-        variant = self.variants.get(mask)
-        if variant is None:
+        if mask not in self.variants:
             if len(self.variants) > _MAX_VARIANTS:  # a pattern that keeps changing: stop compiling
                 mask = max((m for m in self.variants if set(m) <= set(mask)), key=len)
-                variant = self.variants[mask]
             else:
                 pairs = replaces() if replaces is not None else {}
                 if self._prefer(pairs):
                     mask = self.donatable(inputs)
-                variant = self.variants.get(mask)
-                if variant is None:
-                    variant = self.variants[mask] = self._variant(mask, pairs)
+                if mask not in self.variants:
+                    self.variants[mask] = self._variant(mask, pairs)
+        return self.run_variant(mask, inputs, scalars)
+
+    def run_variant(self, mask: tuple, inputs, scalars):
+        """Run the variant that donates the inputs at `mask` (compiled here on its first call)."""
         if not mask:
             return self(inputs, scalars)
-        fn, give, kept, back = variant
+        fn, give, kept, back = self.variants[mask]
         args = ([inputs[i] for i in kept], [inputs[i] for i in give], self._scalars(scalars))
         run = _RAN.get(fn)
         if run is None:
@@ -181,16 +182,7 @@ def run_compiled(c: Compiled, inputs: list, scalars, allowed) -> list | None:
     for m, variant in c.variants.items():
         if variant[0] in _RAN and (best is None or len(m) > len(best)) and set(m) <= set(mask):
             best = m
-    if best is None:
-        return None
-    if not best:
-        return c(inputs, scalars)
-    fn, give, kept, back = c.variants[best]
-    m = METRICS
-    m.buffers_donated += len(best)
-    m.bytes_donated += sum([c.nbytes[i] for i in best])
-    outs = _RAN[fn]([inputs[i] for i in kept], [inputs[i] for i in give], c._scalars(scalars))
-    return outs if back is None else [outs[k] for k in back]
+    return None if best is None else c.run_variant(best, inputs, scalars)
 
 
 def _donating_variant(key: tuple, fn, give: tuple, order: tuple, name: str | None = None):

@@ -28,9 +28,10 @@ step, near its start. A replayed segment launches its programs as it goes (cache
 
 What is traced is judged by its effects, not by a list of routes: an op is left out (and the
 trace ends there) if it flushed and recorded into the new graph, ran a program, fell back to the
-CPU, drew random numbers, read the host, changed a tensor's metadata, returned anything but tpu
-tensors, or left a value the trace cannot name (an input not among its arguments, a storage no
-output holds).
+CPU, read the host, changed a tensor's metadata, returned anything but tpu tensors, or left a
+value the trace cannot name (an input not among its arguments, a storage no output holds). A random
+op (dropout) is traced with the places of its keys among its scalars: a replay writes the stream's
+next keys there, so it draws the numbers recording would have drawn (replay_entry.unmark).
 """
 from __future__ import annotations
 
@@ -43,9 +44,10 @@ from ..meta import flatten_outputs
 from ..pending import PENDING
 from ..precision import current as matmul_precision
 from ..record import CALL
-from ..tensor import LAYOUTS, TpuTensor
+from ..tensor import TpuTensor
 from .replay_code import MISS, compile_entry
-from .replay_entry import _N, _S, _U, Entry, _end, _leaves, _tensors_only, item_of, learnable, untouched
+from .replay_entry import (_N, _S, _U, Entry, _end, _leaves, _tensors_only, item_of, learnable, outputs, plain_entry,
+                           unmark, untouched)
 
 _MAX_TRACES = 4  # steps of different shapes a loop alternates between (two optimizers, eval steps)
 
@@ -121,6 +123,8 @@ class StepReplay:
         out intermediates nothing else holds. One that an op of the step makes (a sync point)
         ends the trace's segment (`_boundary`); any other (a period cut, `deferfuse.sync()`)
         ends the trace."""
+        if self._in_op and rng.marking(False) != self._c0:  # keys the op drew go out plain
+            unmark(PENDING.graph.scalars, 0, self._c0, rng.counter() - self._c0)
         if self.g is None:
             return
         self.slots.clear()  # in place: an op being recorded holds the list
@@ -288,9 +292,7 @@ class StepReplay:
         g = PENDING.graph
         if g.nodes or g.inputs or g.storages:
             return self._stopped(func, "it flushed the pending graph and recorded into the new one")
-        e = Entry()
-        e.func, e.where, e.n0, e.s0, e.i0 = func, PENDING.where, n0, s0, i0
-        e.run, e.sync, e.shape, e.nodes, e.precision, e.push, e.fill = False, True, "sync", (), None, None, False
+        e = plain_entry(func, PENDING.where, n0, s0, i0, "sync")
         self.g = g
         self.slot_of.clear()  # the hook emptied the slots
         self.synced = 0
@@ -315,8 +317,9 @@ class StepReplay:
         k0 = len(slots)
         m = METRICS
         decomposed = dict(m.decompositions_replayed)
-        probe = (m.execute_calls, sum(m.cpu_fallbacks.values()), sum(m.host_syncs.values()), rng.counter(),
-                 len(ex.fresh.storages), m.ops_recorded)
+        c0 = self._c0 = rng.marking(True)  # keys drawn now are marked: `unmark` finds their places
+        probe = (m.execute_calls, sum(m.cpu_fallbacks.values()), sum(m.host_syncs.values()), len(ex.fresh.storages),
+                 m.ops_recorded)
         ok = True
         pat = []
         before = []  # (tensor, its storage, lid, lay, and the storage's state) per tensor argument
@@ -356,32 +359,34 @@ class StepReplay:
         finally:
             CALL.depth = 0
             self._in_op = False
+            rng.marking(False)
+        draws = rng.counter() - c0
+        keys = unmark(g.scalars, s0, c0, draws) if draws else ()
         if stream.graph is not g:
             return out, self._boundary(func, n0, s0, i0)
-        if untouched(g, (n0, s0, i0, t0, r0), before, out, len(ex.fresh.storages) == probe[4], slot_of, k0):
+        if untouched(g, (n0, s0, i0, t0, r0), before, out, len(ex.fresh.storages) == probe[3], slot_of, k0):
             # a replay runs the op without naming its arguments: the trace names none either,
             # or the slots after it would be numbered apart
             for st in slots[k0:]:
                 del slot_of[id(st)]
             del slots[k0:]
             self.synced = min(self.synced, k0)
-            e = Entry()
-            e.func, e.where, e.n0, e.s0, e.i0 = func, stream.where, n0, s0, i0
-            e.run, e.sync, e.shape, e.nodes, e.precision, e.push, e.fill = True, False, "run", (), None, None, False
-            return out, e
+            return out, plain_entry(func, stream.where, n0, s0, i0, "run")
         if not ok:
             return out, self._stopped(func, "an argument a trace cannot hold (a CPU tensor, a generator, a value "
                                        "made elsewhere)")
         if probe[:-1] != (m.execute_calls, sum(m.cpu_fallbacks.values()), sum(m.host_syncs.values()),
-                          rng.counter(), len(ex.fresh.storages)):
-            return out, self._stopped(func, "it ran a program, fell back to CPU, read the host or drew random numbers")
+                          len(ex.fresh.storages)):
+            return out, self._stopped(func, "it ran a program, fell back to CPU or read the host")
+        if keys is None:
+            return out, self._stopped(func, "it drew random numbers whose keys are not among its scalars")
         if any(a._st is not st or a._lid != lid or a._lay != lay for a, st, lid, lay, *_ in before):
             return out, self._stopped(func, "it changed a tensor's metadata (an in-place view)")
         n1 = len(g.nodes)
         e = Entry()
         e.func, e.where, e.n0, e.s0, e.i0, e.k0, e.pat = func, stream.where, n0, s0, i0, k0, pat
         e.n_args, e.kw_names, e.serve, e.run, e.sync = len(args), tuple(kwargs) if kwargs else None, None, False, False
-        e.cands, e.free = learnable(pat), frozenset()
+        e.cands, e.free, e.keys, e.draws = learnable(pat), frozenset(), keys, draws
         e.nodes, e.sig, e.scalars = g.nodes[n0:], g.sig[n0:], g.scalars[s0:]
         by_value = {id(value): k for k, (_, _, value) in state.items() if value is not None}
         e.inputs = []
@@ -418,23 +423,9 @@ class StepReplay:
         flat, spec = flatten_outputs(out)
         if not _tensors_only(spec):
             return out, self._stopped(func, "it returned a value that is not a tensor")
-        e.outs = []
-        held = set()
-        for t in flat:
-            if type(t) is not TpuTensor or t.is_inference():
-                return out, self._stopped(func, "it returned a tensor of another kind")
-            k = next((j for j, a in enumerate(leaves) if a is t), None)
-            if k is not None:
-                e.outs.append((None, k))
-                continue
-            k = slot_of.get(id(t._st))
-            if k is None:
-                return out, self._stopped(func, "it returned a tensor the step had not seen")
-            held.add(id(t._st))
-            size, stride, dtype = LAYOUTS[t._lid]
-            e.outs.append((k, k, size, stride, dtype, t._lid, t._lay))
-        if made - held:
-            return out, self._stopped(func, "it kept a value it made where no output holds it")
+        e.outs = outputs(flat, leaves, slot_of, made)
+        if type(e.outs) is str:
+            return out, self._stopped(func, e.outs)
         e.spec = spec
         e.n_new = len(slots) - k0
         e.push = ((func._df.fid << 32) ^ g.nodes[-1].op.shape_hash, n1 - n0) if n1 > n0 else None
@@ -444,7 +435,7 @@ class StepReplay:
         e.precision = matmul_precision() if any(n.op.precision is not None for n in e.nodes) else None
         e.fill = any(n.op.family == "creation" for n in e.nodes)
         e.shape = (func, n0, s0, i0, tuple(e.sig), len(e.scalars), tuple(e.inputs), tuple(e.events),
-                   tuple(e.writes), tuple(e.outs), e.spec, e.n_new,
+                   tuple(e.writes), tuple(e.outs), e.spec, e.n_new, keys,
                    tuple(p if p is not None and p[0] in (_S, _N, _U) else None for p in pat),
                    None if e.reads is None else tuple(e.reads.items()))
         return out, e

@@ -18,6 +18,7 @@ import weakref
 
 import torch
 
+from .. import rng
 from ..events import METRICS
 from ..graph import Graph
 from ..meta import unflatten_outputs
@@ -30,7 +31,7 @@ MISS = object()
 def compile_entry(e):
     ns = {"MISS": MISS, "TT": TpuTensor, "Tensor": torch.Tensor, "copysign": math.copysign, "Storage": Storage,
           "wr": weakref.ref, "new_tensor": new_tensor, "unflatten": unflatten_outputs, "METRICS": METRICS,
-          "undo": Graph.forget_inputs}  # a later input was not where the trace had it
+          "undo": Graph.forget_inputs, "reserve": rng.reserve}  # a later input was not where the trace had it
     lines: list[str] = []
     consts: list = []
 
@@ -154,12 +155,19 @@ def compile_entry(e):
             for j in js:
                 emit(f"sc[{j}] = {first}")
         scalars = "sc"
+    elif e.keys:
+        emit(f"sc = list({const(e.scalars)})")
+        scalars = "sc"
     elif e.scalars:
         scalars = const(e.scalars)
     # the effect
     for j, (k, shape, dtype) in enumerate(e.inputs):
         emit(f"if g.input_ref({value_of(k)}, {const(shape)}, {const(dtype)}) != {-(e.i0 + j + 1)}:")
         emit(f"    undo(g, {e.i0}); return MISS")
+    if e.keys:  # a random op draws fresh keys, as recording it would: only once nothing can MISS
+        emit(f"seed_, c_ = reserve({e.draws})")
+        for j, d in e.keys:
+            emit(f"sc[{j}] = {'seed_' if d is None else f'c_ + {d}'}")
     for k, s, v in new_slots:
         emit(f"S.append({s})")
     emit(f"g.nodes.extend({const(e.nodes)}); g.sig.extend({const(e.sig)})")

@@ -15,7 +15,8 @@ import math
 import torch
 
 from ..meta import flatten_outputs
-from ..tensor import TpuTensor
+from ..rng import Counter, Seed
+from ..tensor import LAYOUTS, TpuTensor
 
 # pattern item kinds: a value, a float, a storage seen before, one seen first, one seen first
 # uninitialised, a CPU scalar tensor (a program scalar, by its value and dtype)
@@ -57,7 +58,7 @@ class Entry:
 
     __slots__ = ("func", "where", "n0", "s0", "i0", "k0", "n_args", "kw_names", "serve", "run", "sync", "pat",
                  "nodes", "sig", "scalars", "inputs", "reads", "events", "writes", "outs", "spec", "n_new", "push",
-                 "n_rec", "decomposed", "precision", "fill", "shape", "cands", "free")
+                 "n_rec", "decomposed", "precision", "fill", "shape", "cands", "free", "keys", "draws")
 
     def same_effect(self, other: "Entry") -> bool:
         """Whether `other`, the same op recorded again, left the graph and the step's slots as
@@ -76,8 +77,9 @@ class Entry:
             return False
         old = self.scalars
         cands = dict(self.cands or {})
+        keys = {j for j, _ in self.keys}  # a random op's key: fresh at every replay (`unmark`)
         for j, (a, b) in enumerate(zip(old, scalars)):
-            if j not in cands and _same(a, b):
+            if j in keys or (j not in cands and _same(a, b)):
                 continue
             prev = cands.get(j)
             if prev is None:
@@ -87,11 +89,43 @@ class Entry:
                 self.cands = False  # a scalar no argument gives: every call is recorded and checked
                 return False
             cands[j] = keep
+        if cands == (self.cands or {}):
+            return False  # only keys differed
         self.cands = cands
         self.free = frozenset(p for ps in cands.values() for p in ps)
         self.scalars = list(scalars)
         self.pat = [q if q is None or q[0] not in (_V, _F) else _value_item(leaves[p]) for p, q in enumerate(self.pat)]
         return True
+
+
+def plain_entry(func, where, n0: int, s0: int, i0: int, shape: str) -> Entry:
+    """The entry of an op a replay runs again as it is: one that left the graph alone ("run") or
+    flushed it and left the new one empty ("sync")."""
+    e = Entry()
+    e.func, e.where, e.n0, e.s0, e.i0, e.shape = func, where, n0, s0, i0, shape
+    e.run, e.sync, e.nodes, e.precision, e.push, e.fill = shape == "run", shape == "sync", (), None, None, False
+    return e
+
+
+def unmark(scalars: list, lo: int, c0: int, n: int):
+    """Where the keys of an op's n random draws (counters c0 on, drawn marked: `rng.marking`)
+    are among a graph's scalars from lo on, as (position from lo, None for a seed or the
+    counter's offset from c0), the marked ints made plain again. None where not every draw's
+    seed and counter is there (a key went somewhere a replay cannot write a fresh one)."""
+    keys = []
+    offsets = []
+    for j in range(lo, len(scalars)):
+        s = scalars[j]
+        t = type(s)
+        if t is Seed or t is Counter:
+            d = None if t is Seed else int(s) - c0
+            keys.append((j - lo, d))
+            if d is not None:
+                offsets.append(d)
+            scalars[j] = int(s)
+    if len(keys) != 2 * n or sorted(offsets) != list(range(n)):
+        return None
+    return tuple(keys)
 
 
 def _same(a, b) -> bool:
@@ -150,6 +184,30 @@ def untouched(g, sizes: tuple, before: list, out, same_state: bool, slot_of: dic
                 return False
     flat, _ = flatten_outputs(out)
     return all(type(t) is not TpuTensor or (t._st.graph is None and slot_of.get(id(t._st), k0) >= k0) for t in flat)
+
+
+def outputs(flat: list, leaves: list, slot_of: dict, made: set) -> list | str:
+    """An op's output tensors as its entry names them: (None, k) for its argument leaf k, else
+    (slot, slot, size, stride, dtype, lid, lay); or why a trace cannot name them. `made`: ids of
+    the storages the op made, each of which an output must hold."""
+    outs = []
+    held = set()
+    for t in flat:
+        if type(t) is not TpuTensor or t.is_inference():
+            return "it returned a tensor of another kind"
+        k = next((j for j, a in enumerate(leaves) if a is t), None)
+        if k is not None:
+            outs.append((None, k))
+            continue
+        k = slot_of.get(id(t._st))
+        if k is None:
+            return "it returned a tensor the step had not seen"
+        held.add(id(t._st))
+        size, stride, dtype = LAYOUTS[t._lid]
+        outs.append((k, k, size, stride, dtype, t._lid, t._lay))
+    if made - held:
+        return "it kept a value it made where no output holds it"
+    return outs
 
 
 def _end(last) -> int:

@@ -333,20 +333,24 @@ def item_every_step(make: Callable[[str], Runner]) -> Callable[[str], Runner]:
     return wrapped
 
 
-def hf_gpt2(engine: str) -> Runner:
-    """A Hugging Face `GPT2LMHeadModel` (2 layers, d32, T16, B2, vocab 256), built from its config
-    class with every dropout at zero, and PyTorch's AdamW: the users' models, whose forward reads
-    the host a few times a step (an attention mask's checks), where a plain GPT reads it never."""
+def hf_gpt2(engine: str, dropout: float = 0.0, small: bool = False) -> Runner:
+    """A Hugging Face `GPT2LMHeadModel` (2 layers, d32, T16, B2, vocab 256; `small`: gpt2-small's
+    12 layers, d768, T512, B8, vocab 8192), built from its config class with every dropout at
+    `dropout` (GPT-2's default is 0.1, which users train with), and PyTorch's AdamW: the users'
+    models, whose forward reads the host a few times a step (an attention mask's checks), where a
+    plain GPT reads it never."""
     import transformers
 
     dev = device_of(engine)
     torch.manual_seed(0)
-    cfg = transformers.GPT2Config(vocab_size=256, n_embd=32, n_layer=2, n_head=4, n_positions=64,
-                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=1, eos_token_id=2,
-                                  pad_token_id=0)
+    vocab, batch, seq = (8192, 8, 512) if small else (256, 2, 16)
+    shape = dict(n_embd=768, n_layer=12, n_head=12, n_positions=512) if small else dict(n_embd=32, n_layer=2,
+                                                                                         n_head=4, n_positions=64)
+    cfg = transformers.GPT2Config(vocab_size=vocab, **shape, resid_pdrop=dropout, embd_pdrop=dropout,
+                                  attn_pdrop=dropout, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     model = transformers.GPT2LMHeadModel(cfg).to(dev).train()
     opt = _adamw(model.parameters(), False)
-    ids = torch.randint(3, 256, (2, 16), generator=torch.Generator().manual_seed(4)).to(dev)
+    ids = torch.randint(3, vocab, (batch, seq), generator=torch.Generator().manual_seed(4)).to(dev)
 
     def step_fn():
         loss = model(input_ids=ids, labels=ids).loss
@@ -378,12 +382,14 @@ WORKLOADS: dict[str, Callable[[str], Runner]] = {
     "gpt2-small (12 layers, d768, T512, B8)": lambda e: gpt(e, cfg=_gpt_cfg(vocab=8192, seq=512, layers=12,
                                                                             heads=12, dim=768), batch=8),
     "hf gpt2 train (2 layers, d32, T16, B2)": hf_gpt2,
+    "hf gpt2 train, dropout 0.1": lambda e: hf_gpt2(e, dropout=0.1),
+    "hf gpt2-small, dropout 0.1 (12 layers, d768, T512, B8)": lambda e: hf_gpt2(e, dropout=0.1, small=True),
     "convnet train (2 conv, bs 32)": convnet,
     "kv decode (48 tokens)": kv_decode,
     "kv decode, bucket 64": lambda e: kv_decode(e, bucket=64),
 }
 
-DEVICE_SIZED = ("gpt2-small (12 layers, d768, T512, B8)",)
+DEVICE_SIZED = ("gpt2-small (12 layers, d768, T512, B8)", "hf gpt2-small, dropout 0.1 (12 layers, d768, T512, B8)")
 
 
 def selected(wanted: list[str], backend: str) -> list[str]:

@@ -70,9 +70,13 @@ def run(func, args: tuple, kwargs: dict, expand: Callable):
         return expand()
     if r is _REFS_FIRST:
         g = pending.PENDING.graph
+        before = g.mark()
         for t in tensors:
             pending.tensor_ref(g, t)
-        return expand()
+        n0 = len(g.nodes)
+        out = expand()
+        _drop_refs(g, before, n0)
+        return out
     if r is not _MISSING and r.op.precision is not None and r.op.precision != matmul_precision():
         r = _MISSING  # its contractions were traced at another precision: expand and keep anew
     if r is not _MISSING:
@@ -94,6 +98,7 @@ def _learn(name: str, key, tensors, expand: Callable):
     composite replaces the nodes the expansion recorded at once: the first call records what
     every later call does, so a training loop's first step is the same program as the next."""
     g = pending.PENDING.graph
+    before = g.mark()
     in_refs = [pending.tensor_ref(g, t) for t in tensors]
     mark = g.mark()
     n0 = mark[0]  # the expansion's first node
@@ -110,10 +115,21 @@ def _learn(name: str, key, tensors, expand: Callable):
         and all(st.value is v and st.graph is gr and st.ref == ref for st, v, gr, ref in inputs_before)
     ):
         kept = _composite(name, key, g, n0, in_refs, out)
+    _drop_refs(g, before, n0)
     _KEPT[key] = _REFS_FIRST if kept is None else kept
     if kept is not None and g.roll_back(mark, _RECORDED_AGAIN):
         return emit(kept, tensors, [])
     return out
+
+
+def _drop_refs(g, before: tuple, n0: int) -> None:
+    """An expansion that recorded nothing (`empty_like`: metadata only) leaves what taking its
+    arguments' refs recorded (the reads of views, graph inputs) dead: forget it, so that the op
+    records nothing (a step replay runs such an op again as it is only if it does). A storage
+    made pending then (an uninitialised argument's zeros) stays; so does a captured step's input."""
+    if pending.PENDING.graph is g and len(g.nodes) == n0 and g.mark()[2:3] == before[2:3] and g.sources is None:
+        g.forget_inputs(before[3])
+        g.roll_back(before, _RECORDED_AGAIN)
 
 
 def _composite(name: str, key, g, n0: int, in_refs: list, out):

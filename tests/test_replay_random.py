@@ -7,6 +7,7 @@ numbers drawn.
 """
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -79,6 +80,30 @@ def _several(i, h):
 def test_random_ops_of_every_kind_replay_with_strict_numbers():
     strict, _ = _train("strict", body=_several)
     fused, stops = _train("defer_and_fuse", body=_several)
+    assert stops == []
+    _same(strict, fused)
+
+
+def _flattened(i, h):  # MobileNetV2's classifier: a pooled map, flattened, dropped in place
+    v = F.adaptive_avg_pool2d((h * 1.0).reshape(16, 3, 1, 1), 1).flatten(1)
+    F.dropout(v, p=0.5, training=True, inplace=True)
+    return v
+
+
+def _transposed(i, h):
+    v = (h * 1.0).t()
+    F.dropout(v, p=0.5, training=True, inplace=True)
+    return v.t()
+
+
+@pytest.mark.parametrize("body", [_flattened, _transposed], ids=["flattened", "transposed"])
+def test_in_place_dropout_of_a_view_replays(body):
+    """`dropout(inplace=True)` draws through `empty_like(x).bernoulli_()` (ATen's _dropout_impl)
+    and multiplies in place: of a strided view, `empty_like` must record nothing; and the backward
+    of an in-place op on a view (autograd's CopySlices) copies a gradient whole into a new buffer,
+    which then holds an earlier node's value."""
+    strict, _ = _train("strict", body=body)
+    fused, stops = _train("defer_and_fuse", body=body)
     assert stops == []
     _same(strict, fused)
 

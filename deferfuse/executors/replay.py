@@ -417,7 +417,7 @@ class StepReplay:
         for k, (graph, ref, value) in state.items():
             st = slots[k]
             if st.graph is not graph or st.ref != ref or st.value is not value:
-                if st.graph is not g or st.ref < lo:
+                if st.graph is not g or st.ref < 0:  # an input's position may differ; a node's cannot
                     return out, self._stopped(func, "it replaced a storage's value")
                 e.writes.append((k, st.ref))
         flat, spec = flatten_outputs(out)

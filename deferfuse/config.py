@@ -109,6 +109,11 @@ class Config:
     # accelerator; not on JAX's CPU backend, whose device is the host's own cores, where the
     # programs then slow the recording they would overlap (docs/performance.md).
     run_ahead: bool | str = field(default_factory=lambda: _flag_or("DEFERFUSE_RUN_AHEAD", "auto", "auto"))
+    # The PRNG behind tpu random ops (rng.py), any JAX implementation's name. "auto": XLA's
+    # RngBitGenerator ("rbg") on an accelerator, where it draws dropout's masks faster than
+    # threefry (docs/performance.md); JAX's default (threefry) on its CPU backend, whose values
+    # are then every backend's. Strict, Debug and DeferAndFuse draw the same numbers either way.
+    prng: str = field(default_factory=lambda: _str("DEFERFUSE_PRNG") or "auto")
     # Record the user's file:line for every recorded op (used by errors and the report).
     source_lines: bool = field(default_factory=lambda: _flag("DEFERFUSE_SOURCE_LINES", True))
     # Live event log, like TORCH_LOGS: any of flush, compile, fallback, all.

@@ -12,7 +12,8 @@ import random as _pyrandom
 import jax
 import torch
 
-from .target import NAME, device_index
+from .config import CONFIG
+from .target import NAME, device_index, jax_device
 
 _DEFAULT_SEED = 67280421310721  # torch's default CPU seed, so an unseeded run is still reproducible
 _seed = _DEFAULT_SEED
@@ -112,7 +113,16 @@ def _check_device(device) -> None:
 
 def key(seed_value, counter):
     """The JAX key for (seed, counter); traced, so it costs nothing at dispatch time."""
-    return jax.random.fold_in(jax.random.key(seed_value), counter)
+    return jax.random.fold_in(jax.random.key(seed_value, impl=implementation()), counter)
+
+
+def implementation() -> str | None:
+    """The JAX PRNG implementation of the keys (CONFIG.prng; None: JAX's default). Part of every
+    program's key in deferfuse's own store, as each setting is (cache/stored.py)."""
+    name = CONFIG.prng
+    if name == "auto":
+        return "rbg" if jax_device().platform != "cpu" else None
+    return name
 
 
 # --- torch.Generator(device="tpu") ---------------------------------------------------------------

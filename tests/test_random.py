@@ -6,6 +6,8 @@ import torch.nn.functional as F
 
 import deferfuse
 from conftest import MODES, check_all_modes, check_raises_like_cpu
+from deferfuse.config import CONFIG
+from deferfuse.target import jax_device
 
 W = torch.tensor([[1.0, 0.0, 3.0, 4.0, 2.0], [0.0, 5.0, 0.0, 5.0, 0.0]])  # unnormalised, with zeros
 
@@ -224,3 +226,38 @@ def test_dropout_in_a_loop_does_not_recompile():
             outs.append(F.dropout(x, 0.5).sum().item())
     assert len(set(outs)) > 1
     assert deferfuse.metrics()["cache_misses"] == before + 1
+
+
+def _draws(prng: str):
+    """`_random_program` and a larger uniform draw under CONFIG.prng = prng, in every mode."""
+    was = CONFIG.prng
+    CONFIG.prng = prng
+    deferfuse.cache.clear()  # programs traced with the other implementation
+    try:
+        out = []
+        for m in MODES:
+            torch.manual_seed(123)
+            with deferfuse.mode(m):
+                out.append(_random_program() + [torch.rand(20000, device="tpu").cpu()])
+        return out
+    finally:
+        CONFIG.prng = was
+        deferfuse.cache.clear()
+
+
+@pytest.mark.parametrize("prng", ["threefry2x32", "rbg"])
+def test_each_prng_draws_identically_in_every_mode(prng):
+    results = _draws(prng)
+    for other in results[1:]:
+        for x, y in zip(results[0], other):
+            assert torch.equal(x, y)
+    u = results[0][-1]
+    assert 0.0 <= u.min() and u.max() < 1.0 and abs(u.mean().item() - 0.5) < 0.02
+
+
+def test_the_prng_decides_the_values_and_auto_takes_rbg_off_the_cpu_backend():
+    threefry, rbg, auto = _draws("threefry2x32")[0], _draws("rbg")[0], _draws("auto")[0]
+    assert not torch.equal(threefry[-1], rbg[-1])
+    expected = threefry if jax_device().platform == "cpu" else rbg
+    for x, y in zip(auto, expected):
+        assert torch.equal(x, y)

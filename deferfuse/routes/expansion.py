@@ -75,7 +75,7 @@ def run(func, args: tuple, kwargs: dict, expand: Callable):
             pending.tensor_ref(g, t)
         n0 = len(g.nodes)
         out = expand()
-        _drop_refs(g, before, n0)
+        _drop_refs(g, before, n0, tensors)
         return out
     if r is not _MISSING and r.op.precision is not None and r.op.precision != matmul_precision():
         r = _MISSING  # its contractions were traced at another precision: expand and keep anew
@@ -115,19 +115,23 @@ def _learn(name: str, key, tensors, expand: Callable):
         and all(st.value is v and st.graph is gr and st.ref == ref for st, v, gr, ref in inputs_before)
     ):
         kept = _composite(name, key, g, n0, in_refs, out)
-    _drop_refs(g, before, n0)
+    _drop_refs(g, before, n0, tensors)
     _KEPT[key] = _REFS_FIRST if kept is None else kept
     if kept is not None and g.roll_back(mark, _RECORDED_AGAIN):
         return emit(kept, tensors, [])
     return out
 
 
-def _drop_refs(g, before: tuple, n0: int) -> None:
+def _drop_refs(g, before: tuple, n0: int, tensors) -> None:
     """An expansion that recorded nothing (`empty_like`: metadata only) leaves what taking its
     arguments' refs recorded (the reads of views, graph inputs) dead: forget it, so that the op
-    records nothing (a step replay runs such an op again as it is only if it does). A storage
-    made pending then (an uninitialised argument's zeros) stays; so does a captured step's input."""
-    if pending.PENDING.graph is g and len(g.nodes) == n0 and g.mark()[2:3] == before[2:3] and g.sources is None:
+    records nothing (a step replay runs such an op again as it is only if it does). Not where a
+    storage came to hold one of those reads (no new storage; no argument's) or was made pending
+    (an uninitialised argument's zeros); nor a captured step's inputs."""
+    if pending.PENDING.graph is not g or len(g.nodes) != n0 or g.mark()[2:3] != before[2:3] or g.sources is not None:
+        return
+    lo = before[0] << OUT_BITS
+    if all(t._st.graph is not g or t._st.ref < lo for t in tensors):
         g.forget_inputs(before[3])
         g.roll_back(before, _RECORDED_AGAIN)
 

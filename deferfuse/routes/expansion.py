@@ -128,7 +128,7 @@ def _drop_refs(g, before: tuple, n0: int, tensors) -> None:
     records nothing (a step replay runs such an op again as it is only if it does). Not where a
     storage came to hold one of those reads (no new storage; no argument's) or was made pending
     (an uninitialised argument's zeros); nor a captured step's inputs."""
-    if pending.PENDING.graph is not g or len(g.nodes) != n0 or g.mark()[2:3] != before[2:3] or g.sources is not None:
+    if pending.PENDING.graph is not g or len(g.nodes) != n0 or len(g.storages) != before[2] or g.sources is not None:
         return
     lo = before[0] << OUT_BITS
     if all(t._st.graph is not g or t._st.ref < lo for t in tensors):
